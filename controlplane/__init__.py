@@ -1,0 +1,1 @@
+"""Django project of the control plane (settings, urls, ASGI app) and its apps."""

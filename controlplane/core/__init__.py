@@ -1,0 +1,1 @@
+"""Project-wide pages (home, health) and operational commands (runstack)."""

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class CoreConfig(AppConfig):
+    name = "controlplane.core"
+    label = "core"
+    verbose_name = "Control plane core"

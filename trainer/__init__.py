@@ -1,0 +1,35 @@
+"""Asynchronous GRPO trainer: the spec's public API (a TRL user switches by changing the import).
+
+    from trainer import AsyncGRPOTrainer, AsyncGRPOConfig
+    from trainer.rewards import accuracy_reward
+
+Names are imported lazily so that ``import trainer`` stays cheap (the rollout process and the CLI
+import only what they use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AsyncGRPOConfig": "trainer.config",
+    "AsyncGRPOTrainer": "trainer.trainer",
+    "AsyncRolloutLoop": "trainer.rollout.loop",
+    "Rollout": "trainer.rollout.types",
+    "TurnRecord": "trainer.rollout.types",
+    "RolloutGroup": "trainer.rollout.types",
+    "TrainingSequence": "trainer.rollout.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
