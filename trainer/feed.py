@@ -1,0 +1,241 @@
+"""The trainer's side of the rollout queue: samples → staleness filter → TokenBudgetBatcher → rows.
+
+:class:`RolloutFeed` is the iterable the ``transformers.Trainer`` loop pulls micro-batches from
+(``gradient_accumulation_steps`` of them make one optimizer step). It also keeps the books the
+async pipeline needs:
+
+* the staleness allowance it hands the rollout process (``token_allowance``, cumulative raw tokens);
+* which prompt positions are fully trained, hence ``rollout_state.json``'s first untrained index
+  and the epoch count (distinct prompts consumed, dropped and filtered ones included);
+* the queue-side metrics (``rollout/queue_size``, ``sample/*``, ``perf/rollout_wait_s``).
+
+Only the main process owns the rollout process; with several processes it forms every rank's row
+and broadcasts the micro-batch (``torch.distributed``), so each rank forwards its own row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.metrics import MetricWindow
+from trainer.packing import MicroBatch, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
+from trainer.rollout.types import GroupResult, TrainingSequence
+
+logger = logging.getLogger(__name__)
+
+# How long the feed waits on an empty queue before training a partly filled micro-batch: packing
+# fuller rows is not worth idling the trainer (and with max_staleness=0 the worker may be blocked
+# until this step is trained).
+STARVED_FLUSH_S = 1.0
+
+
+@dataclass
+class PositionBook:
+    """Which prompt positions are consumed: every sample trained or dropped, or the group dropped."""
+
+    next_untrained: int
+    remaining: dict[int, int] = field(default_factory=dict)
+    done_ahead: set[int] = field(default_factory=set)
+    consumed: int = 0
+
+    def receive(self, result: GroupResult) -> None:
+        if result.samples:
+            self.remaining[result.position] = len(result.samples)
+        else:
+            self._complete(result.position)
+
+    def sample_done(self, sample: TrainingSequence, position: int) -> None:
+        left = self.remaining.get(position, 0) - 1
+        if left <= 0:
+            self.remaining.pop(position, None)
+            self._complete(position)
+        else:
+            self.remaining[position] = left
+
+    def _complete(self, position: int) -> None:
+        self.consumed += 1
+        if position < self.next_untrained:
+            return
+        self.done_ahead.add(position)
+        while self.next_untrained in self.done_ahead:
+            self.done_ahead.discard(self.next_untrained)
+            self.next_untrained += 1
+
+
+class RolloutFeed:
+    """Iterable of micro-batches for the Trainer loop (see module docstring).
+
+    Args:
+        next_group: ``timeout_s -> GroupResult | None`` (None on timeout; raises ``RuntimeError``
+            when the rollout process failed); None on non-main ranks or until :meth:`attach`.
+        model_version: ``() -> int``, the policy version (weight syncs so far).
+        token_budget: unique tokens per row.
+        num_rows: rows per micro-batch (= processes).
+        max_staleness: samples lagging more weight updates are dropped.
+        num_top_logprobs: sampler top-logprobs kept per token (``num_sampler_logprobs``).
+        start_position: global prompt position the rollout process starts from.
+        window: the logging window metrics are recorded into.
+    """
+
+    def __init__(
+        self,
+        *,
+        next_group: Callable[[float], GroupResult] | None,
+        model_version: Callable[[], int],
+        token_budget: int | None,
+        num_rows: int,
+        max_staleness: int,
+        num_top_logprobs: int | None,
+        start_position: int,
+        window: MetricWindow,
+        rank: int = 0,
+    ) -> None:
+        self.next_group = next_group
+        self.model_version = model_version
+        self.token_budget = token_budget
+        self.num_rows = num_rows
+        self.max_staleness = max_staleness
+        self.num_top_logprobs = num_top_logprobs
+        self.window = window
+        self.rank = rank
+        self.batcher = TokenBudgetBatcher(token_budget, num_rows) if token_budget else None
+        self.positions = PositionBook(next_untrained=start_position)
+        self._position_of: dict[int, int] = {}  # id(sample) -> prompt position
+        self._ready: list[MicroBatch] = []
+        self._step_batches: list[MicroBatch] = []
+        self._queued_samples = 0  # received, not yet placed in a closed micro-batch
+        self.consumed_raw_tokens = 0  # trained or dropped samples' raw tokens (allowance accounting)
+        self.step_wait_s = 0.0
+
+    def attach(self, next_group: Callable[[float], GroupResult | None], token_budget: int) -> None:
+        """Connect the rollout process once it is started (the budget comes from the server)."""
+        self.next_group = next_group
+        self.token_budget = token_budget
+        self.batcher = TokenBudgetBatcher(token_budget, self.num_rows)
+
+    # ----------------------------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            batch = self._next_micro_batch() if self.rank == 0 else None
+            batch = _broadcast(batch)
+            yield self._inputs_for_rank(batch)
+
+    def _next_micro_batch(self) -> MicroBatch:
+        """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
+        starved_s = 0.0
+        while True:
+            while not self._ready:
+                started = time.monotonic()
+                result = self.next_group(0.2)
+                if result is None:
+                    elapsed = time.monotonic() - started
+                    self.step_wait_s += elapsed
+                    starved_s += elapsed
+                    if self.batcher.num_pending_samples and starved_s >= STARVED_FLUSH_S:
+                        self._ready.extend(self.batcher.flush())
+                    continue
+                self.step_wait_s += time.monotonic() - started
+                starved_s = 0.0
+                self._receive(result)
+            batch = self._ready.pop(0)
+            self._queued_samples -= sum(len(row) for row in batch)
+            batch = self._drop_stale(batch)
+            if any(batch):
+                self._step_batches.append(batch)
+                return batch
+
+    def _drop_stale(self, batch: MicroBatch) -> MicroBatch:
+        """Staleness is judged when a sample is trained (now), not when it arrived: a sample can wait
+        in an open micro-batch across a weight sync."""
+        version = self.model_version()
+        now = time.time()
+        kept_batch: MicroBatch = []
+        for row in batch:
+            kept = []
+            for sample in row:
+                staleness = version - sample.model_version
+                if staleness > self.max_staleness:
+                    self.window.add("sample/dropped_stale_count", 1)
+                    self._sample_consumed(sample, self._position_of.get(id(sample), -1))
+                    continue
+                if sample.queued_at:
+                    self.window.add("sample/time_in_queue_s", now - sample.queued_at)
+                self.window.add("sample/staleness_mean", staleness)
+                self.window.add("sample/staleness_max", staleness)
+                kept.append(sample)
+            kept_batch.append(kept)
+        return kept_batch
+
+    def _receive(self, result: GroupResult) -> None:
+        self.positions.receive(result)
+        version = self.model_version()
+        for sample in result.samples:
+            self._position_of[id(sample)] = result.position
+            if version - sample.model_version > self.max_staleness:  # already too old: skip packing it
+                self.window.add("sample/dropped_stale_count", 1)
+                self._sample_consumed(sample, result.position)
+                continue
+            self._queued_samples += 1
+            closed = self.batcher.add(sample)
+            dropped = self.batcher.pop_dropped_oversize_count()
+            if dropped:
+                self.window.add("batch/dropped_oversize_count", dropped)
+                self._queued_samples -= 1
+                self._sample_consumed(sample, result.position)
+            self._ready.extend(closed)
+        self.window.add("rollout/queue_size", self._queued_samples)
+
+    def _sample_consumed(self, sample: TrainingSequence, position: int) -> None:
+        self._position_of.pop(id(sample), None)
+        self.consumed_raw_tokens += len(sample.input_ids)
+        self.positions.sample_done(sample, position)
+
+    def _inputs_for_rank(self, batch: MicroBatch) -> dict:
+        """This rank's packed row plus what the loss needs about the whole micro-batch."""
+        samples = batch[self.rank] if self.rank < len(batch) else []
+        row = pack_row(samples, self.num_top_logprobs) if samples else None
+        global_trained = sum(s.num_trained_tokens for r in batch for s in r)
+        return {"row": row, "global_trained_tokens": float(global_trained)}
+
+    # ----------------------------------------------------------------------------- step bookkeeping
+    def finish_step(self) -> dict[str, float]:
+        """Mark the step's samples trained; record its batch metrics; return its accounting.
+
+        Returns ``{"raw_tokens", "forwarded_tokens", "attention_pairs", "trained_tokens", "wait_s"}``.
+        """
+        batches, self._step_batches = self._step_batches, []
+        stats = [[row_stats(row) for row in mb] for mb in batches]
+        metrics = batch_metrics(stats, self.token_budget)
+        metrics.record(self.window)
+        raw = 0
+        for mb in batches:
+            for row in mb:
+                for sample in row:
+                    raw += len(sample.input_ids)
+                    position = self._position_of.get(id(sample))
+                    if position is not None:
+                        self._sample_consumed(sample, position)
+        wait, self.step_wait_s = self.step_wait_s, 0.0
+        self.window.add("perf/rollout_wait_s", wait)
+        rows = [r for mb in stats for r in mb]
+        return {
+            "raw_tokens": float(raw),
+            "forwarded_tokens": float(sum(r.forwarded_tokens for r in rows)),
+            "trained_tokens": float(sum(r.trained_tokens for r in rows)),
+            "attention_pairs": float(sum(r.attention_cost for r in rows)),
+            "wait_s": wait,
+        }
+
+
+def _broadcast(batch: MicroBatch | None) -> MicroBatch:
+    """Share the main process's micro-batch with every rank (no-op on one process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return batch
+    holder = [batch]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return holder[0]

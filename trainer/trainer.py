@@ -1,0 +1,536 @@
+"""``AsyncGRPOTrainer``: a ``transformers.Trainer`` whose batches come from a live rollout queue.
+
+The Trainer loop is kept (optimizer, scheduler, gradient accumulation, callbacks, ``report_to``,
+checkpoints, accelerate/FSDP2); what changes:
+
+* ``get_train_dataloader`` returns a :class:`~trainer.feed.RolloutFeed`: packed tree rows built
+  from the spawned rollout process's samples (one row per process, ``gradient_accumulation_steps``
+  micro-batches per optimizer step);
+* ``compute_loss`` runs the packed forward with tree attention and the GRPO loss of ``loss.py``;
+* after every optimizer step (:class:`_PipelineCallback`): step accounting, staleness allowance,
+  weight sync every ``weight_sync_steps``, epoch/stop bookkeeping;
+* ``log`` merges the metric window (both processes) and writes ``<output_dir>/metrics.jsonl``;
+* checkpoints also hold ``rollout_state.json`` (first untrained prompt position) for resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from trainer.attention import tree_forward_kwargs
+from trainer.config import AsyncGRPOConfig
+from trainer.feed import RolloutFeed
+from trainer.loss import LossConfig, packed_row_loss
+from trainer.metrics import MetricWindow
+from trainer.modeling import (
+    eos_token_ids,
+    load_policy,
+    load_tokenizer,
+    merged_adapter,
+    named_weights_for_sync,
+    prepare_tokenizer,
+    wrap_peft,
+)
+from trainer.perf import peak_flops, training_flops
+from trainer.progress import RunProgressCallback
+from trainer.rollout.loop import AsyncRolloutLoop
+from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
+from trainer.server import served_models, wait_for_server
+from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_STATE_NAME = "rollout_state.json"
+METRICS_FILE = "metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"
+
+
+def _identity_collator(features):
+    return features
+
+
+class AsyncGRPOTrainer(Trainer):
+    """Asynchronous GRPO (see the spec). ``loop_cls`` on a subclass swaps the rollout loop."""
+
+    loop_cls: type[AsyncRolloutLoop] = AsyncRolloutLoop
+    _tag_names = ["trl", "async-grpo"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Callable | list[Callable] | None = None,
+        args: AsyncGRPOConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        peft_config=None,
+        tools: list[Callable] | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
+    ) -> None:
+        name = model if isinstance(model, str) else model.config._name_or_path
+        if args is None:
+            args = AsyncGRPOConfig(output_dir=f"{Path(str(name)).name}-AsyncGRPO")
+        elif not isinstance(args, AsyncGRPOConfig):
+            raise TypeError(f"args must be an AsyncGRPOConfig, got {type(args).__name__}")
+        self.reward_funcs = _as_reward_list(reward_funcs)
+        self.tools = list(tools or [])
+        self.environment_factory = environment_factory
+        if not self.reward_funcs and environment_factory is None:
+            raise ValueError("reward_funcs: pass at least one reward function (or an environment_factory)")
+        if train_dataset is None and environment_factory is None:
+            raise ValueError("train_dataset is required unless environment_factory's reset() returns prompts")
+        if train_dataset is None and args.max_steps <= 0:
+            raise ValueError(
+                "max_steps: without train_dataset the environment generates prompts forever; set max_steps > 0"
+            )
+        if train_dataset is not None and environment_factory is None:
+            columns = getattr(train_dataset, "column_names", None)
+            if columns is not None and "prompt" not in columns:
+                raise ValueError(f"train_dataset needs a 'prompt' column (conversational); it has {columns}")
+
+        policy = load_policy(model, args)
+        self.model_name = policy.config._name_or_path or str(name)
+        if processing_class is None:
+            processing_class = load_tokenizer(self.model_name, args)
+        else:
+            processing_class = prepare_tokenizer(processing_class)
+        if peft_config is not None:
+            policy = wrap_peft(policy, peft_config)
+        self.rollout_dataset = train_dataset
+        self.loss_config = LossConfig.from_args(args)
+        self._window = MetricWindow()
+        self._pending_completions: list[dict] = []
+        self._handle: RolloutWorkerHandle | None = None
+        self._sync_client: WeightSyncClient | None = None
+        self._feed: RolloutFeed | None = None
+        self._start_position = 0
+        self._model_version = 0
+        self._num_tokens = 0.0
+        self._timers: dict[str, float] = {}
+        self._step_started: float | None = None
+
+        super().__init__(
+            model=policy,
+            args=args,
+            data_collator=_identity_collator,
+            train_dataset=None,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self.train_dataset = train_dataset
+        # Our loss is already divided by the global trained tokens and gradient_accumulation_steps.
+        self.loss_is_scaled_for_ga = True
+        self.add_callback(_PipelineCallback(self))
+        if not self.args.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RunProgressCallback)
+
+    # ------------------------------------------------------------------------------- training entry
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kw
+    ):
+        """Train until ``max_steps`` (or ``num_train_epochs`` passes over the prompts); see the spec."""
+        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
+        self._start_position = read_rollout_state(checkpoint) if checkpoint else 0
+        if self.rollout_dataset is not None and not hasattr(self.rollout_dataset, "__len__"):
+            self._start_position = 0  # an IterableDataset cannot seek: restart from its first prompt
+        check_rollout_picklable(self.loop_cls, self.reward_funcs, self.tools, self.environment_factory)
+        try:
+            return super().train(
+                resume_from_checkpoint=checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kw,
+            )
+        finally:
+            self._shutdown_pipeline()
+
+    def _resolve_checkpoint(self, resume: str | bool | None) -> str | None:
+        if resume is None or resume is False:
+            return None
+        if resume is True:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no checkpoint"
+                )
+            return last
+        if not os.path.isdir(resume):
+            raise ValueError(f"resume_from_checkpoint={resume!r}: no such checkpoint directory")
+        return str(resume)
+
+    def set_initial_training_values(self, args, dataloader):
+        """Epoch-based runs have no known step count: a safety cap, the real stop is the epoch count."""
+        if args.max_steps > 0:
+            return super().set_initial_training_values(args, dataloader)
+        saved = args.max_steps
+        args.max_steps = 10**8
+        try:
+            values = super().set_initial_training_values(args, dataloader)
+        finally:
+            args.max_steps = saved
+        return values
+
+    def get_train_dataloader(self) -> RolloutFeed:
+        if self._feed is None:
+            self._feed = RolloutFeed(
+                next_group=None,
+                model_version=lambda: self._model_version,
+                token_budget=None,
+                num_rows=self.accelerator.num_processes,
+                max_staleness=self.args.max_staleness,
+                num_top_logprobs=self.args.num_sampler_logprobs if self.args.score_centering else 0,
+                start_position=self._start_position,
+                window=self._window,
+                rank=self.accelerator.process_index,
+            )
+        return self._feed
+
+    # ------------------------------------------------------------------------------ pipeline start
+    def _start_pipeline(self) -> None:
+        """Connect to the server, sync the policy, start the rollout process (main process owns both)."""
+        args = self.args
+        token_budget = served_name = None
+        if self.is_world_process_zero():
+            wait_for_server(args.vllm_server_base_url, args.vllm_server_timeout)
+            served_name, max_model_len = _pick_served_model(
+                served_models(args.vllm_server_base_url), self.model_name
+            )
+            token_budget = args.token_budget or max_model_len
+            info = server_info(args.vllm_server_base_url, timeout=min(60.0, args.vllm_server_timeout))
+            warning = check_dtype(_training_dtype(self.model, args), info)
+            if warning:
+                logger.warning(warning)
+            self._sync_client = WeightSyncClient(
+                args.vllm_server_base_url, timeout=min(args.vllm_server_timeout, 600)
+            )
+            self._sync_client.init()
+        # The server may serve other weights (a resumed run's base model, an earlier run's policy):
+        # start from exactly the trainer's policy, as version 0. Every rank gathers its shards.
+        self._sync_weights(new_version=False)
+        if not self.is_world_process_zero():
+            return
+        rows_per_step = args.gradient_accumulation_steps * self.accelerator.num_processes
+        tokenizer = self.processing_class
+        self._handle = start_rollout_process(
+            self.loop_cls,
+            initial_token_allowance=float(token_budget * rows_per_step * max(args.max_staleness, 1)),
+            initial_model_version=self._model_version,
+            config=args,
+            model_name=served_name,
+            dataset=self.rollout_dataset,
+            reward_funcs=self.reward_funcs,
+            processing_class=tokenizer,
+            eos_token_ids=eos_token_ids(self.accelerator.unwrap_model(self.model), tokenizer),
+            tools=self.tools or None,
+            environment_factory=self.environment_factory,
+            dataset_start_index=self._start_position,
+        )
+        self._feed.attach(self._next_group, token_budget)
+        logger.info(
+            "rollout process pid %s started (server %s, model %s, token_budget %d, start position %d)",
+            self._handle.pid,
+            args.vllm_server_base_url,
+            served_name,
+            token_budget,
+            self._start_position,
+        )
+
+    def _next_group(self, timeout: float):
+        result = self._handle.get(timeout)
+        self._drain_rollout_metrics()
+        return result
+
+    def _drain_rollout_metrics(self) -> None:
+        for payload in self._handle.drain_metrics():
+            self._window.merge(payload.get("metrics") or {})
+            self._pending_completions.extend(payload.get("completions") or [])
+
+    def _shutdown_pipeline(self) -> None:
+        if self._handle is not None:
+            self._handle.stop()
+            self._handle = None
+        if self._sync_client is not None:
+            self._sync_client.close()
+            self._sync_client = None
+        self._feed = None
+
+    # --------------------------------------------------------------------------------- the loss
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        started = _now(self.args.device)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._timers["fwd_bwd"] = self._timers.get("fwd_bwd", 0.0) + _now(self.args.device) - started
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """GRPO loss of this process's packed row (see :mod:`trainer.loss`)."""
+        started = _now(self.args.device)
+        row = inputs["row"]
+        if row is None:  # this process got an empty row: contribute zero, keep collectives in step
+            loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            return (loss, None) if return_outputs else loss
+        device = self.args.device
+        row = row.to(device)
+        keep, logit_rows = row.logits_to_keep()  # the LM head runs only where the loss reads
+        outputs = model(**tree_forward_kwargs(row, device), logits_to_keep=keep)
+        out = packed_row_loss(
+            outputs.logits,
+            row,
+            config=self.loss_config,
+            num_trained_tokens=max(float(inputs["global_trained_tokens"]), 1.0),
+            gradient_accumulation_steps=self.args.gradient_accumulation_steps,
+            logit_rows=logit_rows,
+        )
+        loss = out.loss * self.accelerator.num_processes  # DP averages gradients; the spec sums
+        aux = getattr(outputs, "aux_loss", None)
+        if aux is not None and self.args.router_aux_loss_coef:
+            self._window.add("aux_loss", float(aux.detach()))
+            loss = loss + self.args.router_aux_loss_coef * aux / self.args.gradient_accumulation_steps
+        for key, value in out.metrics.items():
+            self._window.add(key, value)
+        self._timers["fwd"] = self._timers.get("fwd", 0.0) + _now(self.args.device) - started
+        return (loss, outputs) if return_outputs else loss
+
+    def floating_point_ops(self, inputs) -> int:
+        row = inputs.get("row") if isinstance(inputs, dict) else None
+        if row is None:
+            return 0
+        flops = training_flops(self.model.config, row.num_tokens, row.stats.attention_cost)
+        return int(flops or 0)
+
+    # --------------------------------------------------------------------- after each optimizer step
+    def _end_of_step(self, state, control) -> None:
+        now = time.perf_counter()
+        if self.is_world_process_zero() and self._feed is not None:
+            report = self._feed.finish_step()
+            if self._handle is not None:
+                self._handle.set_token_allowance(
+                    self._feed.consumed_raw_tokens + max(self.args.max_staleness, 1) * report["raw_tokens"]
+                )
+                self._drain_rollout_metrics()
+            self._record_perf(report, now)
+            if self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__"):
+                state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
+                target = self.args.num_train_epochs * len(self.rollout_dataset)
+                if self.args.max_steps <= 0 and self._feed.positions.next_untrained >= target:
+                    control.should_training_stop = True
+        control.should_training_stop = _any_rank(control.should_training_stop)
+        if state.global_step % self.args.weight_sync_steps == 0:
+            self._sync_weights()
+        self._step_started = time.perf_counter()
+
+    def _record_perf(self, report: dict[str, float], now: float) -> None:
+        w = self._window
+        step_s = now - self._step_started if self._step_started is not None else None
+        fwd_bwd = self._timers.pop("fwd_bwd", 0.0)
+        fwd = self._timers.pop("fwd", 0.0)
+        optimizer_s = self._timers.pop("optimizer", 0.0)
+        self._num_tokens += report["forwarded_tokens"]
+        w.add("num_tokens", self._num_tokens)
+        w.add("perf/fwd_bwd_s", fwd_bwd)
+        w.add("perf/fwd_s", fwd)
+        w.add("perf/optimizer_s", optimizer_s)
+        if fwd_bwd > 0:
+            w.add_rate("perf/fwd_bwd_forwarded_tokens_per_s", report["forwarded_tokens"], fwd_bwd)
+        if step_s:
+            w.add("perf/step_s", step_s)
+            w.add_rate("perf/wall_clock_forwarded_tokens_per_s", report["forwarded_tokens"], step_s)
+            w.add_rate("perf/wall_clock_trained_tokens_per_s", report["trained_tokens"], step_s)
+        peak = peak_flops(self.args.device, _precision(self.args))
+        flops = training_flops(self.model.config, int(report["forwarded_tokens"]), report["attention_pairs"])
+        if peak and flops:
+            n = self.accelerator.num_processes
+            if fwd_bwd > 0:
+                w.add("perf/fwd_bwd_mfu", flops / (fwd_bwd * peak * n))
+            if step_s:
+                w.add("perf/wall_clock_mfu", flops / (step_s * peak * n))
+
+    def _sync_weights(self, new_version: bool = True) -> None:
+        """Push the policy to the server (every rank gathers; the main process sends)."""
+        model = self.accelerator.unwrap_model(self.model)
+        with torch.no_grad(), merged_adapter(model):
+            tensors = list(named_weights_for_sync(model))
+            if self._sync_client is not None:
+                version = self._model_version + int(new_version)
+                timings = self._sync_client.sync(tensors, weight_version=str(version))
+                if new_version:
+                    for key, value in timings.items():
+                        self._window.add(key, value)
+        if not new_version:
+            return
+        self._model_version += 1
+        if self._handle is not None:
+            self._handle.set_model_version(self._model_version)
+
+    # ----------------------------------------------------------------------------------- logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the window's metrics (spec names), write ``metrics.jsonl``, then the usual callbacks."""
+        if self._handle is not None:
+            self._drain_rollout_metrics()
+        if "loss" in logs and self._window:
+            logs = {**logs, **self._window.reduce()}
+            self._window.clear()
+        if self.is_world_process_zero():
+            out = Path(self.args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / METRICS_FILE, "a") as fh:
+                fh.write(json.dumps({"step": self.state.global_step, **_jsonable(logs)}) + "\n")
+            self._log_completions()
+        super().log(logs, start_time)
+
+    def _log_completions(self) -> None:
+        items, self._pending_completions = self._pending_completions, []
+        if not items:
+            return
+        step = self.state.global_step
+        with open(Path(self.args.output_dir) / COMPLETIONS_FILE, "a") as fh:
+            for item in items:
+                fh.write(json.dumps({"step": step, **_jsonable(item)}) + "\n")
+        for callback in self.callback_handler.callbacks:
+            handler = getattr(callback, "on_completions", None)
+            if handler is not None:
+                handler(self.args, self.state, self.control, completions=items)
+        limit = self.args.num_completions_to_print
+        for item in items[: len(items) if limit is None else limit]:
+            print(
+                f"[step {step}] reward={item.get('reward')} adv={item.get('advantage'):.3f}\n"
+                f"  prompt: {item.get('prompt')!s:.200}\n  completion: {item.get('completion')!s:.300}"
+            )
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.is_world_process_zero() and self._feed is not None:
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            write_rollout_state(folder, self._feed.positions.next_untrained, self.rollout_dataset)
+
+
+class _PipelineCallback(TrainerCallback):
+    """Hooks the async pipeline into the Trainer loop (start, timings, per-step bookkeeping)."""
+
+    def __init__(self, trainer: AsyncGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._start_pipeline()
+        self.trainer._step_started = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._timers["optimizer_started"] = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        started = self.trainer._timers.pop("optimizer_started", None)
+        if started is not None:
+            self.trainer._timers["optimizer"] = time.perf_counter() - started
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._end_of_step(state, control)
+
+
+# ------------------------------------------------------------------------------------- helpers
+def read_rollout_state(checkpoint: str | os.PathLike) -> int:
+    """The first untrained prompt position stored in a checkpoint (0 when it has no rollout state)."""
+    path = Path(checkpoint) / ROLLOUT_STATE_NAME
+    if not path.exists():
+        logger.warning(
+            "%s has no %s: the rollout restarts from the first prompt", checkpoint, ROLLOUT_STATE_NAME
+        )
+        return 0
+    return int(json.loads(path.read_text())["first_untrained_prompt_index"])
+
+
+def write_rollout_state(folder: Path, position: int, dataset) -> None:
+    """Write ``rollout_state.json``: the first untrained prompt position (global: epoch × len + row)."""
+    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    state = {
+        "first_untrained_prompt_index": int(position),
+        "epoch": int(position // size) if size else None,
+        "row_index": int(position % size) if size else None,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ROLLOUT_STATE_NAME).write_text(json.dumps(state, indent=2))
+
+
+def _as_reward_list(reward_funcs) -> list[Callable]:
+    funcs = (
+        []
+        if reward_funcs is None
+        else list(reward_funcs)
+        if isinstance(reward_funcs, list | tuple)
+        else [reward_funcs]
+    )
+    for func in funcs:
+        if isinstance(func, str) or not callable(func):
+            raise TypeError(
+                f"reward_funcs: {func!r} is not a callable; reward models given as ids are not supported: pass a "
+                "function (sync or async) that returns one float per completion"
+            )
+    return funcs
+
+
+def _pick_served_model(served: list[dict], wanted: str) -> tuple[str, int]:
+    """The served model id matching ``wanted`` (or the only one served) and its max_model_len."""
+    if not served:
+        raise RuntimeError("the vLLM server serves no model (/v1/models is empty)")
+    for entry in served:
+        if entry["id"] == wanted:
+            return entry["id"], int(entry["max_model_len"])
+    if len(served) == 1:
+        logger.info(
+            "server serves %r, trainer loaded %r: generating with the served one", served[0]["id"], wanted
+        )
+        return served[0]["id"], int(served[0]["max_model_len"])
+    raise RuntimeError(f"the server serves {[e['id'] for e in served]}, none of them {wanted!r}")
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (the main process decides when to stop)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    holder = [flag]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return bool(holder[0])
+
+
+def _training_dtype(model, args) -> str:
+    if args.bf16:
+        return "bfloat16"
+    if args.fp16:
+        return "float16"
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def _precision(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _now(device) -> float:
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        if isinstance(value, float) and value != value:
+            value = None  # NaN is not JSON
+        out[key] = value
+    return out
