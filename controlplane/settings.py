@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "controlplane.core",
+    "controlplane.runs",
 ]
 
 MIDDLEWARE = [
@@ -102,6 +103,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GRPO control plane API",
@@ -112,6 +115,38 @@ SPECTACULAR_SETTINGS = {
 
 GRPO_RUNS_DIR = Path(os.environ.get("GRPO_RUNS_DIR") or BASE_DIR / "var" / "runs")
 
+
+def env_list(name: str) -> list[str]:
+    return [p.strip() for p in os.environ.get(name, "").replace(os.pathsep, ",").split(",") if p.strip()]
+
+
+def env_port_range(name: str, default: str) -> tuple[int, int]:
+    low, _, high = os.environ.get(name, default).partition("-")
+    return int(low), int(high or low)
+
+
+# Runs (controlplane.runs + worker.supervisor). Run supervision tasks go to this Celery queue: a
+# worker started with `-Q gpu` on another machine adds capacity.
+GRPO_RUNS_QUEUE = os.environ.get("GRPO_RUNS_QUEUE", "gpu")
+CELERY_TASK_ROUTES = {"worker.run_supervise": {"queue": GRPO_RUNS_QUEUE}}
+CELERY_BEAT_SCHEDULE = {"runs-check-stale": {"task": "worker.runs_check_stale", "schedule": 60.0}}
+# Each live run's vLLM server gets its own port from this range (per worker host).
+GRPO_VLLM_PORTS = env_port_range("GRPO_VLLM_PORTS", "8100-8199")
+# Extra flags for every run's `python -m trainer serve` (shell syntax), e.g. "--enable-lora".
+GRPO_VLLM_EXTRA_ARGS = os.environ.get("GRPO_VLLM_EXTRA_ARGS", "")
+GRPO_VLLM_START_TIMEOUT_S = float(os.environ.get("GRPO_VLLM_START_TIMEOUT_S", "900"))
+# The supervisor refreshes Run.heartbeat_at this often; a live run silent for longer than
+# GRPO_RUN_STALE_AFTER_S lost its worker and is marked failed.
+GRPO_RUN_HEARTBEAT_S = float(os.environ.get("GRPO_RUN_HEARTBEAT_S", "2"))
+GRPO_RUN_STALE_AFTER_S = float(os.environ.get("GRPO_RUN_STALE_AFTER_S", "90"))
+# Stop: SIGTERM, then SIGKILL after this many seconds.
+GRPO_STOP_GRACE_S = float(os.environ.get("GRPO_STOP_GRACE_S", "10"))
+# Local model directories / dataset files a web or API document may name (besides registry names).
+GRPO_ALLOWED_MODEL_ROOTS = env_list("GRPO_ALLOWED_MODEL_ROOTS")
+GRPO_ALLOWED_DATASET_ROOTS = env_list("GRPO_ALLOWED_DATASET_ROOTS")
+GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"))
+GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -119,7 +154,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 STATIC_ROOT = BASE_DIR / "var" / "static"
-LOGIN_URL = "/accounts/login/"
+LOGIN_URL = "/runs/login/"
+LOGIN_REDIRECT_URL = "/runs/"
 
 LOGGING = {
     "version": 1,

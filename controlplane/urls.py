@@ -7,6 +7,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from controlplane.core import views as core_views
+from controlplane.runs.urls import api_patterns as runs_api_patterns
+from controlplane.runs.urls import web_patterns as runs_web_patterns
 
 urlpatterns = [
     path("", core_views.home, name="home"),
@@ -14,4 +16,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/", include((runs_api_patterns, "runs-api"))),
+    path("runs/", include((runs_web_patterns, "runs"))),
 ]

@@ -1,0 +1,184 @@
+"""REST API v1 (token auth, JSON): thin views over services and selectors.
+
+``POST /runs/`` creates and launches (``Idempotency-Key`` makes retries safe); ``stop`` and
+``resume`` answer 202 (the supervisor acts on them) or 409 when the run's status forbids it.
+Users see only their own runs (404 otherwise); staff see all.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.runs import selectors, services
+from controlplane.runs.serializers import (
+    CheckpointOutputSerializer,
+    CompletionOutputSerializer,
+    CompletionsQuerySerializer,
+    EventOutputSerializer,
+    MetricsOutputSerializer,
+    MetricsQuerySerializer,
+    RunCreatedSerializer,
+    RunCreateInputSerializer,
+    RunListOutputSerializer,
+    RunOutputSerializer,
+    run_created_payload,
+)
+from trainer.run_config import RunConfigError
+
+ConflictSerializer = inline_serializer("Conflict", {"detail": serializers.CharField()})
+
+
+def _conflict(exc: Exception) -> Response:
+    return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class RegistryApi(APIView):
+    @extend_schema(
+        summary="Registered models, datasets, reward functions, tools, environments; main defaults",
+        responses=inline_serializer(
+            "Registry",
+            {
+                k: serializers.DictField()
+                for k in ("models", "datasets", "reward_funcs", "tools", "environments", "main_args")
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.registry_get())
+
+
+class RunListCreateApi(APIView):
+    @extend_schema(summary="List visible runs (newest first)", responses=RunListOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        services.runs_fail_stale()
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(selectors.run_list(user=request.user), request, view=self)
+        data = RunListOutputSerializer(page, many=True, context={"request": request}).data
+        return paginator.get_paginated_response(data)
+
+    @extend_schema(
+        summary="Create and launch a run",
+        request=RunCreateInputSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="a retry with the same key returns the run the first request created",
+            )
+        ],
+        responses={201: RunCreatedSerializer, 409: ConflictSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = RunCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            run, created = services.run_create(
+                owner=request.user,
+                name=serializer.validated_data["name"],
+                config=serializer.validated_data["config"],
+                idempotency_key=request.headers.get("Idempotency-Key", ""),
+            )
+        except RunConfigError as exc:
+            raise ValidationError({"config": exc.errors}) from None
+        except services.IdempotencyKeyReused as exc:
+            return _conflict(exc)
+        response = Response(run_created_payload(run, request), status=status.HTTP_201_CREATED)
+        if not created:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class RunDetailApi(APIView):
+    @extend_schema(summary="One run", responses=RunOutputSerializer)
+    def get(self, request: Request, run_id: int) -> Response:
+        services.runs_fail_stale()
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        return Response(RunOutputSerializer(run, context={"request": request}).data)
+
+
+class RunStopApi(APIView):
+    @extend_schema(
+        summary="Stop a run (cooperative)",
+        request=None,
+        responses={202: RunCreatedSerializer, 409: ConflictSerializer},
+    )
+    def post(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        try:
+            run = services.run_stop(run=run)
+        except services.RunStateError as exc:
+            return _conflict(exc)
+        return Response(run_created_payload(run, request), status=status.HTTP_202_ACCEPTED)
+
+
+class RunResumeApi(APIView):
+    @extend_schema(
+        summary="Resume a failed or stopped run from its latest checkpoint",
+        request=None,
+        responses={202: RunCreatedSerializer, 409: ConflictSerializer},
+    )
+    def post(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        try:
+            run = services.run_resume(run=run)
+        except services.RunStateError as exc:
+            return _conflict(exc)
+        return Response(run_created_payload(run, request), status=status.HTTP_202_ACCEPTED)
+
+
+class RunMetricsApi(APIView):
+    @extend_schema(
+        summary="Metric series by name",
+        parameters=[MetricsQuerySerializer],
+        responses=MetricsOutputSerializer,
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        query = MetricsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        series = selectors.run_metric_series(
+            run=run,
+            names=query.validated_data.get("names") or None,
+            since_step=query.validated_data.get("since_step"),
+        )
+        return Response({"series": series})
+
+
+class RunCompletionsApi(APIView):
+    @extend_schema(
+        summary="Sampled completions (newest step first, paginated)",
+        parameters=[CompletionsQuerySerializer],
+        responses=CompletionOutputSerializer(many=True),
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        query = CompletionsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        samples = selectors.run_completion_list(run=run, since_step=query.validated_data.get("since_step"))
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(samples, request, view=self)
+        return paginator.get_paginated_response(CompletionOutputSerializer(page, many=True).data)
+
+
+class RunEventsApi(APIView):
+    @extend_schema(
+        summary="The run's latest events (status changes, process exits, log tails), oldest first",
+        responses=EventOutputSerializer(many=True),
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        return Response(EventOutputSerializer(selectors.run_event_list(run=run), many=True).data)
+
+
+class RunCheckpointsApi(APIView):
+    @extend_schema(summary="Checkpoints the trainer saved", responses=CheckpointOutputSerializer(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        return Response(CheckpointOutputSerializer(selectors.run_checkpoint_list(run=run), many=True).data)

@@ -1,0 +1,131 @@
+"""The run form: registry choices, the main hyper-parameters with the spec's defaults, and an
+advanced JSON box for any other AsyncGRPOConfig field. It builds a RUN.yaml document and validates
+it with the same function as the API (:func:`controlplane.runs.validation.run_document_validate`),
+placing each error beside the field it names."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+from django import forms
+
+from controlplane.runs.selectors import MAIN_ARGS
+from controlplane.runs.validation import run_document_validate
+from trainer import registry
+from trainer.run_config import RunConfigError
+
+
+def _arg_field(name: str, f: dataclasses.Field, annotation: Any) -> forms.Field:
+    """A form field for one AsyncGRPOConfig field (int, float or bool), initial = its default."""
+    label = name.replace("_", " ")
+    help_text = f.metadata.get("help", "")
+    types = set(typing.get_args(annotation)) or {annotation}
+    if bool in types:
+        return forms.BooleanField(required=False, initial=f.default, label=label, help_text=help_text)
+    if float in types:
+        return forms.FloatField(required=False, initial=f.default, label=label, help_text=help_text)
+    return forms.IntegerField(required=False, initial=f.default, label=label, help_text=help_text)
+
+
+def _main_arg_fields() -> dict[str, tuple[forms.Field, Any]]:
+    from trainer.config import AsyncGRPOConfig
+
+    hints = typing.get_type_hints(AsyncGRPOConfig)
+    fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
+    return {name: (_arg_field(name, fields[name], hints[name]), fields[name].default) for name in MAIN_ARGS}
+
+
+class RunForm(forms.Form):
+    """Start a run. ``document()`` is the RUN.yaml document once ``is_valid()``."""
+
+    name = forms.CharField(max_length=200, required=False, help_text="defaults to 'MODEL on DATASET'")
+    model = forms.ChoiceField(choices=[(k, f"{k} - {v}") for k, v in registry.MODELS.items()])
+    train_dataset = forms.ChoiceField(
+        label="dataset", choices=[(k, f"{k} - {v}") for k, v in registry.DATASETS.items()]
+    )
+    reward_funcs = forms.MultipleChoiceField(
+        label="reward functions",
+        choices=[(k, f"{k} - {v}") for k, v in registry.REWARD_FUNCS.items()],
+        widget=forms.CheckboxSelectMultiple,
+        initial=["trainer.rewards.accuracy_reward"],
+    )
+    advanced = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 70, "spellcheck": "false"}),
+        help_text='JSON object of any other AsyncGRPOConfig fields, e.g. {"top_k": 0, "epsilon": 0.2}',
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._defaults: dict[str, Any] = {}
+        for name, (field, default) in _main_arg_fields().items():
+            self.fields[name] = field
+            self._defaults[name] = default
+        self._document: dict | None = None
+
+    @property
+    def main_arg_names(self) -> tuple[str, ...]:
+        return MAIN_ARGS
+
+    def clean_advanced(self) -> dict:
+        text = (self.cleaned_data.get("advanced") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("must be a JSON object of AsyncGRPOConfig fields")
+        clashes = sorted(set(value) & set(MAIN_ARGS))
+        if clashes:
+            raise forms.ValidationError(f"set {', '.join(clashes)} in the form's own fields, not here")
+        return value
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if self.errors:
+            return data
+        args: dict[str, Any] = {}
+        for name in MAIN_ARGS:
+            value = data.get(name)
+            default = self._defaults[name]
+            if isinstance(value, float) and value.is_integer() and isinstance(default, int):
+                value = int(value)  # e.g. save_steps: annotated float, written as a step count
+            if value is not None and value != default:
+                args[name] = value
+        args.update(data.get("advanced") or {})
+        document = {
+            "model": data["model"],
+            "train_dataset": data["train_dataset"],
+            "reward_funcs": list(data["reward_funcs"]),
+            "args": args,
+        }
+        try:
+            self._document = run_document_validate(document=document)
+        except RunConfigError as exc:
+            self.add_config_errors(exc.errors)
+        return data
+
+    def add_config_errors(self, errors: dict[str, str]) -> None:
+        """Put each ``{field path: message}`` beside the form field it names."""
+        for path, message in errors.items():
+            field = self.field_for_path(path)
+            self.add_error(field, message if field not in (None, "advanced") else f"{path}: {message}")
+
+    def field_for_path(self, path: str) -> str | None:
+        head = path.split("[", 1)[0]
+        if head in ("model", "train_dataset", "reward_funcs"):
+            return head
+        if path.startswith("args."):
+            name = path.split(".")[1]
+            return name if name in self.fields and name != "advanced" else "advanced"
+        return None
+
+    def document(self) -> dict:
+        if self._document is None:
+            raise ValueError("document() needs a valid form")
+        return self._document

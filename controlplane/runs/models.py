@@ -1,0 +1,206 @@
+"""Runs and what they produce: metrics, sampled completions, checkpoints, events.
+
+Thin models (HackSoft style): fields and database constraints only. Everything that changes a row
+lives in :mod:`controlplane.runs.services`; reads live in :mod:`controlplane.runs.selectors`.
+
+Status life cycle::
+
+    queued -> starting -> running -> completed | failed
+                  \\          \\-> stopping -> stopped
+                   \\-> failed | stopping
+    failed | stopped --resume--> queued   (a new attempt from the latest checkpoint)
+
+``starting``/``running``/``stopping`` mean a supervisor (a Celery task) owns the run and refreshes
+``heartbeat_at``; a run in one of them whose heartbeat is stale lost its worker.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+# A supervisor owns the run (and its processes) in these states.
+ACTIVE_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
+TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED)
+RESUMABLE_STATUSES = (RunStatus.FAILED, RunStatus.STOPPED)
+
+
+class Run(models.Model):
+    """One training run: its RUN.yaml document, where it is in its life cycle, and its processes."""
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200)
+    # Exactly the RUN.yaml document (trainer/run_config.py); frozen once launched (DB trigger).
+    config = models.JSONField()
+    config_sha256 = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    failure_reason = models.TextField(blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+
+    created_at = models.DateTimeField(default=timezone.now)
+    launched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    # The current attempt (1 = first launch; each resume adds one).
+    attempt = models.PositiveIntegerField(default=0)
+    resumed_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    celery_task_id = models.CharField(max_length=255, blank=True, default="")
+    output_dir = models.CharField(max_length=1024, blank=True, default="")
+    worker_host = models.CharField(max_length=255, blank=True, default="")
+    vllm_port = models.PositiveIntegerField(null=True, blank=True)
+    # Process-group ids (each child is the leader of its own group; see worker/guard.py).
+    vllm_pid = models.IntegerField(null=True, blank=True)
+    trainer_pid = models.IntegerField(null=True, blank=True)
+    vllm_exit_code = models.IntegerField(null=True, blank=True)
+    trainer_exit_code = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="run_owner_created"),
+            models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=TERMINAL_STATUSES, finished_at__isnull=False)
+                    | (~Q(status__in=TERMINAL_STATUSES) & Q(finished_at__isnull=True))
+                ),
+                name="run_finished_at_iff_terminal",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=RunStatus.FAILED) | ~Q(failure_reason=""),
+                name="run_failed_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=ACTIVE_STATUSES)
+                | (
+                    Q(launched_at__isnull=False, heartbeat_at__isnull=False, attempt__gte=1)
+                    & ~Q(worker_host="")
+                ),
+                name="run_active_is_claimed",
+            ),
+            models.CheckConstraint(condition=~Q(name=""), name="run_name_not_empty"),
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="run_idempotency_key_unique",
+            ),
+            # Two live runs on one worker host never share a vLLM port.
+            models.UniqueConstraint(
+                fields=["worker_host", "vllm_port"],
+                condition=Q(status__in=ACTIVE_STATUSES),
+                name="run_port_unique_while_active",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} {self.name!r} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class MetricPoint(models.Model):
+    """One metric value at one optimizer step (spec metric names, e.g. ``reward``)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    value = models.FloatField()  # Postgres double precision keeps NaN/inf as logged
+
+    class Meta:
+        constraints = [
+            # (run, name, step) in this order: the unique index also serves per-name range reads
+            # (WHERE run = ? AND name IN (...) AND step > ? ORDER BY step).
+            models.UniqueConstraint(fields=["run", "name", "step"], name="metric_point_unique_run_name_step"),
+        ]
+
+
+class CompletionSample(models.Model):
+    """One sampled (prompt, completion) pair with its reward(s) and advantage."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="completion_samples")
+    step = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()  # position within the step's logged batch
+    prompt = models.TextField()
+    completion = models.TextField()
+    reward = models.FloatField(null=True, blank=True)
+    rewards = models.JSONField(default=dict, blank=True)  # per reward function name
+    advantage = models.FloatField(null=True, blank=True)
+    group_id = models.BigIntegerField(null=True, blank=True)
+    row_index = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["step", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "index"], name="completion_unique_run_step_index"),
+        ]
+
+
+class Checkpoint(models.Model):
+    """A checkpoint folder written by the trainer (``<output_dir>/checkpoint-<step>``)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=1024)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["step"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step"], name="checkpoint_unique_run_step"),
+            models.CheckConstraint(condition=~Q(path=""), name="checkpoint_path_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.step} of run {self.run_id}"
+
+
+class RunEventKind(models.TextChoices):
+    STATUS = "status"
+    LOG = "log"
+    ERROR = "error"
+    INFO = "info"
+
+
+class RunEvent(models.Model):
+    """Something that happened to a run: a status change, a process start/exit, a log tail, an error."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=16, choices=RunEventKind.choices)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["run", "created_at"], name="run_event_run_created")]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=RunEventKind.values), name="run_event_kind_valid"),
+        ]

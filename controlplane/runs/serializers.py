@@ -1,0 +1,139 @@
+"""DRF serializers: input validation for the API, output shapes for runs and their data."""
+
+from __future__ import annotations
+
+import yaml
+from django.urls import reverse
+from rest_framework import serializers
+
+from controlplane.runs.models import Checkpoint, CompletionSample, Run, RunEvent
+from controlplane.runs.validation import run_document_validate
+from trainer.run_config import RunConfigError
+
+
+class RunCreateInputSerializer(serializers.Serializer):
+    """``{"name": optional, "config": {RUN.yaml document}}``; config errors are keyed by field path."""
+
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    config = serializers.JSONField(
+        help_text="The RUN.yaml document (model, train_dataset, reward_funcs, args, ...), as a JSON "
+        "object or as YAML text"
+    )
+
+    def validate_config(self, value):
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                raise serializers.ValidationError({"config": f"not valid YAML: {exc}"}) from None
+        try:
+            return run_document_validate(document=value)
+        except RunConfigError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+
+
+class RunCreatedSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    url = serializers.URLField()
+    web_url = serializers.URLField()
+
+
+def run_created_payload(run: Run, request) -> dict:
+    return {
+        "id": run.pk,
+        "status": run.status,
+        "url": request.build_absolute_uri(reverse("runs-api:run-detail", args=[run.pk])),
+        "web_url": request.build_absolute_uri(reverse("runs:detail", args=[run.pk])),
+    }
+
+
+class RunOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username")
+    url = serializers.SerializerMethodField()
+    resumed_from_step = serializers.IntegerField(source="resumed_from.step", default=None, allow_null=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "url",
+            "name",
+            "owner",
+            "status",
+            "failure_reason",
+            "config",
+            "config_sha256",
+            "created_at",
+            "launched_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "attempt",
+            "resumed_from_step",
+            "output_dir",
+            "celery_task_id",
+            "worker_host",
+            "vllm_port",
+            "vllm_pid",
+            "trainer_pid",
+            "vllm_exit_code",
+            "trainer_exit_code",
+        ]
+
+    def get_url(self, run: Run) -> str:
+        request = self.context.get("request")
+        path = reverse("runs-api:run-detail", args=[run.pk])
+        return request.build_absolute_uri(path) if request else path
+
+
+class RunListOutputSerializer(RunOutputSerializer):
+    class Meta(RunOutputSerializer.Meta):
+        fields = [f for f in RunOutputSerializer.Meta.fields if f != "config"]
+
+
+class CompletionOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CompletionSample
+        fields = [
+            "step",
+            "index",
+            "prompt",
+            "completion",
+            "reward",
+            "rewards",
+            "advantage",
+            "group_id",
+            "row_index",
+        ]
+
+
+class EventOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["created_at", "kind", "message"]
+
+
+class CheckpointOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["step", "path", "created_at"]
+
+
+class MetricsQuerySerializer(serializers.Serializer):
+    names = serializers.CharField(required=False, allow_blank=True, help_text="comma-separated metric names")
+    since_step = serializers.IntegerField(required=False, min_value=0, help_text="only steps after this one")
+
+    def validate_names(self, value: str) -> list[str]:
+        return [n.strip() for n in value.split(",") if n.strip()]
+
+
+class MetricsOutputSerializer(serializers.Serializer):
+    series = serializers.DictField(
+        child=serializers.ListField(child=serializers.DictField()),
+        help_text='{"reward": [{"step": 1, "value": 0.5}, ...]}',
+    )
+
+
+class CompletionsQuerySerializer(serializers.Serializer):
+    since_step = serializers.IntegerField(required=False, min_value=0)

@@ -1,0 +1,563 @@
+"""Everything that writes runs and what they produce (HackSoft style: keyword-only, typed).
+
+Status changes are conditional ``UPDATE ... WHERE status IN (...)`` statements, so the API, the
+supervisor and the staleness check can race without corrupting the life cycle (see models.py);
+each successful change records a :class:`RunEvent` and is published to the run's channel-layer
+group ``run-<id>`` after the transaction commits.
+
+Ingest (called in the trainer process by ``worker.reporting.ControlPlaneCallback``) writes one
+``bulk_create`` per logging step, upserting on the natural keys so that a retried or resumed step
+replaces rather than duplicates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from controlplane.runs.models import (
+    ACTIVE_STATUSES,
+    RESUMABLE_STATUSES,
+    TERMINAL_STATUSES,
+    Checkpoint,
+    CompletionSample,
+    MetricPoint,
+    Run,
+    RunEvent,
+    RunEventKind,
+    RunStatus,
+)
+from controlplane.runs.validation import run_document_validate
+
+logger = logging.getLogger(__name__)
+
+SUPERVISE_TASK = "worker.run_supervise"
+MAX_EVENT_CHARS = 20_000
+MAX_PUBLISHED_TEXT_CHARS = 2_000
+
+
+class RunStateError(Exception):
+    """The run's current status does not allow the action (the API answers 409)."""
+
+
+class IdempotencyKeyReused(RunStateError):
+    """An ``Idempotency-Key`` already created a run with a different document."""
+
+
+# ------------------------------------------------------------------------------------ creation
+def run_create(
+    *, owner: Any, config: dict, name: str = "", idempotency_key: str = "", launch: bool = True
+) -> tuple[Run, bool]:
+    """Validate ``config`` (a RUN.yaml document), store it as a queued run and launch it.
+
+    Returns ``(run, created)``; with an ``idempotency_key`` already used by ``owner`` the existing
+    run comes back with ``created=False`` (a retried POST never makes a second run). Raises
+    :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
+    """
+    key = idempotency_key.strip()[:255]
+    digest = _config_sha256(config) if isinstance(config, dict) else ""
+    if key:
+        existing = Run.objects.filter(owner=owner, idempotency_key=key).first()
+        if existing is not None:
+            return _idempotent_replay(existing, digest), False
+    run_document_validate(document=config)
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                owner=owner,
+                name=(name.strip() or _default_name(config))[:200],
+                config=config,
+                config_sha256=digest,
+                idempotency_key=key,
+            )
+            _event(run.pk, RunEventKind.STATUS, "queued")
+            if launch:
+                run_launch(run=run)
+    except IntegrityError:
+        if not key:
+            raise
+        # A concurrent request with the same key won the race.
+        existing = Run.objects.get(owner=owner, idempotency_key=key)
+        return _idempotent_replay(existing, digest), False
+    return run, True
+
+
+def run_launch(*, run: Run) -> Run:
+    """Enqueue the supervisor task for the run's next attempt (the run must be ``queued``).
+
+    The first launch freezes the config (``launched_at``; a database trigger refuses later changes).
+    The task goes to ``settings.GRPO_RUNS_QUEUE`` once the surrounding transaction commits.
+    """
+    if run.status != RunStatus.QUEUED:
+        raise RunStateError(f"run {run.pk} is {run.status}; only a queued run can be launched")
+    task_id = str(uuid.uuid4())
+    Run.objects.filter(pk=run.pk).update(
+        celery_task_id=task_id, launched_at=Coalesce(F("launched_at"), timezone.now())
+    )
+    run.refresh_from_db()
+    queue = settings.GRPO_RUNS_QUEUE
+    transaction.on_commit(lambda: _enqueue(run_id=run.pk, task_id=task_id, queue=queue))
+    return run
+
+
+def _enqueue(*, run_id: int, task_id: str, queue: str) -> None:
+    from worker.celery import app
+
+    try:
+        app.send_task(SUPERVISE_TASK, args=[run_id], task_id=task_id, queue=queue)
+    except Exception as exc:  # the broker is down: say so on the run instead of leaving it queued
+        logger.exception("could not enqueue run %s", run_id)
+        _transition(
+            run_id=run_id,
+            allowed_from=(RunStatus.QUEUED,),
+            to=RunStatus.FAILED,
+            message=f"could not enqueue the run on queue {queue!r}: {exc}",
+            failure_reason=f"could not enqueue the run on queue {queue!r}: {exc}",
+        )
+    else:
+        _event(run_id, RunEventKind.INFO, f"enqueued on {queue!r} (task {task_id})")
+
+
+def demo_run_start() -> Run:
+    """The demo run ``make run`` starts: the tiny model on arithmetic, ~200 steps, owner ``demo``.
+
+    Reuses the demo user's run that is still queued or live, so restarting the stack does not pile
+    up demo runs.
+    """
+    user, created = get_user_model().objects.get_or_create(username="demo")
+    if created:
+        user.set_password(settings.GRPO_DEMO_PASSWORD)
+        user.save(update_fields=["password"])
+    live = Run.objects.filter(owner=user, status__in=(RunStatus.QUEUED, *ACTIVE_STATUSES)).first()
+    if live is not None:
+        return live
+    run, _ = run_create(owner=user, name="demo: tiny model on arithmetic", config=demo_config())
+    return run
+
+
+def demo_config() -> dict:
+    """The demo RUN.yaml document (registry names only, so it passes the web's validation)."""
+    return {
+        "model": "tiny",
+        "train_dataset": "arithmetic",
+        "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "args": {
+            "max_steps": 200,
+            "num_generations": 8,
+            "max_completion_length": 24,
+            "learning_rate": 3e-4,
+            "max_staleness": 2,
+            "log_completions": True,
+            "save_steps": 50,
+            "gradient_checkpointing": False,
+            "dtype": "float32",
+            "seed": 0,
+            "disable_tqdm": True,
+        },
+    }
+
+
+def token_issue(*, username: str) -> str:
+    """A new API token for ``username`` (the user is created when missing; an old token is replaced)."""
+    from rest_framework.authtoken.models import Token
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    with transaction.atomic():
+        Token.objects.filter(user=user).delete()
+        return Token.objects.create(user=user).key
+
+
+# ------------------------------------------------------------------------------ user actions
+def run_stop(*, run: Run) -> Run:
+    """Ask a run to stop. Cooperative: the supervisor sees ``stopping``, ends both processes
+    (SIGTERM, then SIGKILL after ``GRPO_STOP_GRACE_S``) and records ``stopped``.
+
+    A queued run (no supervisor yet) and a run whose supervisor is gone (stale heartbeat) are marked
+    ``stopped`` at once. Raises :class:`RunStateError` for a finished run.
+    """
+    if run.status in TERMINAL_STATUSES:
+        raise RunStateError(f"run {run.pk} is already {run.status}")
+    if run.status == RunStatus.QUEUED:
+        _transition(
+            run_id=run.pk,
+            allowed_from=(RunStatus.QUEUED,),
+            to=RunStatus.STOPPED,
+            message="stopped before a worker picked it up",
+        )
+    elif _heartbeat_stale(run.heartbeat_at):
+        _transition(
+            run_id=run.pk,
+            allowed_from=ACTIVE_STATUSES,
+            to=RunStatus.STOPPED,
+            message=f"stopped; no live supervisor (last heartbeat {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)",
+        )
+    else:
+        _transition(
+            run_id=run.pk,
+            allowed_from=(RunStatus.STARTING, RunStatus.RUNNING),
+            to=RunStatus.STOPPING,
+            message="stop requested",
+        )
+    run.refresh_from_db()
+    return run
+
+
+def run_resume(*, run: Run) -> Run:
+    """Start a new attempt of a failed or stopped run; the supervisor resumes from the latest
+    checkpoint in the run's output directory (or starts over when there is none)."""
+    if run.status not in RESUMABLE_STATUSES:
+        raise RunStateError(f"run {run.pk} is {run.status}; only failed or stopped runs can be resumed")
+    with transaction.atomic():
+        changed = _transition(
+            run_id=run.pk,
+            allowed_from=RESUMABLE_STATUSES,
+            to=RunStatus.QUEUED,
+            message=f"resume requested (attempt {run.attempt + 1})",
+            finished_at=None,
+            failure_reason="",
+            heartbeat_at=None,
+            vllm_port=None,
+            vllm_pid=None,
+            trainer_pid=None,
+            vllm_exit_code=None,
+            trainer_exit_code=None,
+        )
+        if not changed:
+            run.refresh_from_db()
+            raise RunStateError(f"run {run.pk} is {run.status}; only failed or stopped runs can be resumed")
+        run.refresh_from_db()
+        run_launch(run=run)
+    return run
+
+
+# ------------------------------------------------------------------------- supervisor's side
+def run_claim(*, run_id: int, task_id: str, worker_host: str) -> Run | None:
+    """Take a queued run for this attempt: ``starting``, a vLLM port free on ``worker_host``, the
+    output directory. Returns None when the run is not this task's to take (stopped meanwhile,
+    resumed by a newer task, or already claimed by a redelivered copy of this one)."""
+    for _ in range(5):
+        try:
+            with transaction.atomic():
+                run = Run.objects.select_for_update().get(pk=run_id)
+                if run.status != RunStatus.QUEUED or (task_id and run.celery_task_id not in ("", task_id)):
+                    return None
+                now = timezone.now()
+                run.status = RunStatus.STARTING
+                run.attempt += 1
+                run.worker_host = worker_host
+                try:
+                    run.vllm_port = _free_port(worker_host)
+                except RuntimeError as exc:
+                    _fail_unclaimed(run_id=run.pk, reason=str(exc))
+                    return None
+                run.heartbeat_at = now
+                run.started_at = None
+                run.output_dir = run.output_dir or str(
+                    Path(settings.GRPO_RUNS_DIR) / f"run-{run.pk}-{run.uid.hex[:8]}"
+                )
+                run.save()
+                _event(run.pk, RunEventKind.STATUS, f"starting (attempt {run.attempt} on {worker_host})")
+                _publish_status(run.pk, RunStatus.STARTING)
+                return run
+        except IntegrityError as exc:
+            if "run_port_unique_while_active" not in str(exc):
+                raise
+            continue  # another run on this host took the same port between our check and save
+    _fail_unclaimed(run_id=run_id, reason=f"could not reserve a vLLM port on {worker_host}")
+    return None
+
+
+def _fail_unclaimed(*, run_id: int, reason: str) -> None:
+    _transition(
+        run_id=run_id,
+        allowed_from=(RunStatus.QUEUED,),
+        to=RunStatus.FAILED,
+        message=reason,
+        failure_reason=reason,
+    )
+
+
+def run_processes_record(*, run_id: int, vllm_pid: int | None = None, trainer_pid: int | None = None) -> None:
+    """Record the process-group ids the supervisor started (for the UI and for tests)."""
+    fields = {k: v for k, v in (("vllm_pid", vllm_pid), ("trainer_pid", trainer_pid)) if v is not None}
+    if fields:
+        Run.objects.filter(pk=run_id).update(**fields)
+
+
+def run_mark_running(*, run_id: int, resumed_from: Checkpoint | None = None) -> bool:
+    """``starting`` -> ``running`` once the trainer process is up."""
+    return _transition(
+        run_id=run_id,
+        allowed_from=(RunStatus.STARTING,),
+        to=RunStatus.RUNNING,
+        message="running" + (f" (resumed from checkpoint-{resumed_from.step})" if resumed_from else ""),
+        started_at=timezone.now(),
+        resumed_from=resumed_from,
+    )
+
+
+def run_heartbeat(*, run_id: int) -> str | None:
+    """Refresh the heartbeat; returns the run's status (how the supervisor learns of ``stopping``),
+    or None when the run is no longer active (e.g. marked failed as stale)."""
+    updated = Run.objects.filter(pk=run_id, status__in=ACTIVE_STATUSES).update(heartbeat_at=timezone.now())
+    if not updated:
+        return None
+    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
+def run_finish(
+    *,
+    run_id: int,
+    status: str,
+    failure_reason: str = "",
+    trainer_exit_code: int | None = None,
+    vllm_exit_code: int | None = None,
+) -> bool:
+    """Record the end of an attempt: ``completed``, ``failed`` (with a reason) or ``stopped``."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"{status!r} is not a terminal status")
+    if status == RunStatus.FAILED and not failure_reason:
+        failure_reason = "failed (no reason recorded)"
+    message = status + (f": {failure_reason}" if failure_reason else "")
+    return _transition(
+        run_id=run_id,
+        allowed_from=ACTIVE_STATUSES,
+        to=status,
+        message=message,
+        failure_reason=failure_reason if status == RunStatus.FAILED else "",
+        trainer_exit_code=trainer_exit_code,
+        vllm_exit_code=vllm_exit_code,
+    )
+
+
+def runs_fail_stale(*, now: datetime | None = None) -> list[int]:
+    """Mark failed every live run whose supervisor stopped sending heartbeats (its worker vanished).
+
+    Called periodically (Celery beat ``worker.runs_check_stale``) and before reads (API, pages).
+    Returns the ids marked.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.GRPO_RUN_STALE_AFTER_S)
+    marked = []
+    stale = Run.objects.filter(status__in=ACTIVE_STATUSES, heartbeat_at__lt=cutoff)
+    for run_id, host, beat in stale.values_list("pk", "worker_host", "heartbeat_at"):
+        reason = (
+            f"worker lost: no heartbeat from the supervisor on {host or '?'} since "
+            f"{beat:%Y-%m-%d %H:%M:%S} UTC (more than {settings.GRPO_RUN_STALE_AFTER_S:.0f} s)"
+        )
+        if _transition(
+            run_id=run_id,
+            allowed_from=ACTIVE_STATUSES,
+            to=RunStatus.FAILED,
+            message=reason,
+            failure_reason=reason,
+            extra_filter={"heartbeat_at__lt": cutoff},
+        ):
+            marked.append(run_id)
+    return marked
+
+
+def run_event_create(*, run_id: int, kind: str, message: str) -> RunEvent:
+    """Append an event (process start/exit, log tail, error) to the run's history."""
+    return _event(run_id, kind, message)
+
+
+# ----------------------------------------------------------------------------------- ingest
+def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -> int:
+    """Store one logging step's metrics in one statement (upsert on (run, name, step)) and publish
+    ``{"type": "run.metrics", "step", "values"}``. Non-numeric values are skipped. Returns the count."""
+    points = [
+        MetricPoint(run_id=run_id, step=step, name=str(name)[:200], value=float(value))
+        for name, value in values.items()
+        if isinstance(value, int | float) and name != "step"
+    ]
+    if not points:
+        return 0
+    MetricPoint.objects.bulk_create(
+        points, update_conflicts=True, unique_fields=["run", "name", "step"], update_fields=["value"]
+    )
+    message = {
+        "type": "run.metrics",
+        "step": step,
+        "values": {p.name: finite_or_none(p.value) for p in points},
+    }
+    transaction.on_commit(lambda: _publish(run_id, message))
+    return len(points)
+
+
+def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping[str, Any]]) -> int:
+    """Store up to ``GRPO_COMPLETIONS_PER_STEP`` sampled completions of one step in one statement
+    (upsert on (run, step, index)) and publish ``{"type": "run.completions", "step", "items"}``."""
+    items = list(items)[: settings.GRPO_COMPLETIONS_PER_STEP]
+    rows = [
+        CompletionSample(
+            run_id=run_id,
+            step=step,
+            index=i,
+            prompt=_text(item.get("prompt")),
+            completion=_text(item.get("completion")),
+            reward=_float_or_none(item.get("reward")),
+            rewards={str(k): finite_or_none(float(v)) for k, v in (item.get("rewards") or {}).items()},
+            advantage=_float_or_none(item.get("advantage")),
+            group_id=_int_or_none(item.get("group_id")),
+            row_index=_int_or_none(item.get("row_index")),
+        )
+        for i, item in enumerate(items)
+    ]
+    if not rows:
+        return 0
+    CompletionSample.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["run", "step", "index"],
+        update_fields=["prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index"],
+    )
+    message = {
+        "type": "run.completions",
+        "step": step,
+        "items": [
+            {
+                "prompt": r.prompt[:MAX_PUBLISHED_TEXT_CHARS],
+                "completion": r.completion[:MAX_PUBLISHED_TEXT_CHARS],
+                "reward": finite_or_none(r.reward),
+                "rewards": r.rewards,
+                "advantage": finite_or_none(r.advantage),
+                "group_id": r.group_id,
+            }
+            for r in rows
+        ],
+    }
+    transaction.on_commit(lambda: _publish(run_id, message))
+    return len(rows)
+
+
+def checkpoint_record(*, run_id: int, step: int, path: str) -> Checkpoint:
+    """Record (or re-record, after a resume) the checkpoint the trainer saved at ``step``."""
+    checkpoint, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=step, defaults={"path": path})
+    _event(run_id, RunEventKind.INFO, f"checkpoint saved at step {step}: {path}")
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------- helpers
+def finite_or_none(value: float | None) -> float | None:
+    """JSON has no NaN/inf: the API and the websocket send those as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _transition(
+    *,
+    run_id: int,
+    allowed_from: Sequence[str],
+    to: str,
+    message: str,
+    extra_filter: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Move a run to ``to`` if its status is in ``allowed_from``; event + publish on success."""
+    if to in TERMINAL_STATUSES:
+        fields.setdefault("finished_at", timezone.now())
+    updated = Run.objects.filter(pk=run_id, status__in=allowed_from, **(extra_filter or {})).update(
+        status=to, **fields
+    )
+    if not updated:
+        return False
+    _event(run_id, RunEventKind.STATUS, message)
+    _publish_status(run_id, to)
+    return True
+
+
+def _event(run_id: int, kind: str, message: str) -> RunEvent:
+    message = message.replace("\x00", "")  # Postgres text cannot hold NUL (log tails may)
+    if len(message) > MAX_EVENT_CHARS:
+        message = "...\n" + message[-MAX_EVENT_CHARS:]
+    return RunEvent.objects.create(run_id=run_id, kind=kind, message=message)
+
+
+def _publish_status(run_id: int, status: str) -> None:
+    message = {"type": "run.status", "status": str(status)}
+    transaction.on_commit(lambda: _publish(run_id, message))
+
+
+def _publish(run_id: int, message: dict) -> None:
+    """``group_send`` to ``run-<id>``; the channel layer is best effort (Postgres has the data)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(f"run-{run_id}", message)
+    except Exception:
+        logger.warning("could not publish %s for run %s", message.get("type"), run_id, exc_info=True)
+
+
+def _heartbeat_stale(beat: datetime | None) -> bool:
+    return beat is None or beat < timezone.now() - timedelta(seconds=settings.GRPO_RUN_STALE_AFTER_S)
+
+
+def _free_port(worker_host: str) -> int:
+    """A port of ``GRPO_VLLM_PORTS`` no live run on this host holds and nothing listens on now."""
+    low, high = settings.GRPO_VLLM_PORTS
+    taken = set(
+        Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
+            "vllm_port", flat=True
+        )
+    )
+    for port in range(low, high + 1):
+        if port in taken:
+            continue
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free vLLM port in GRPO_VLLM_PORTS={low}-{high} on {worker_host}")
+
+
+def _config_sha256(config: dict) -> str:
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _idempotent_replay(run: Run, digest: str) -> Run:
+    if digest and run.config_sha256 != digest:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key already created run {run.pk} with a different config; use a new key"
+        )
+    return run
+
+
+def _default_name(config: Any) -> str:
+    if not isinstance(config, dict):
+        return "run"
+    return f"{config.get('model') or '?'} on {config.get('train_dataset') or config.get('environment_factory') or '?'}"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text.replace("\x00", "")  # Postgres text cannot hold NUL; a sampled byte token can be one
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,30 @@
+"""URL patterns: ``web_patterns`` (namespace ``runs``, under /runs/) and ``api_patterns``
+(namespace ``runs-api``, under /api/v1/)."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from controlplane.runs import api, views
+
+web_patterns = [
+    path("", views.run_list_view, name="list"),
+    path("new/", views.run_create_view, name="create"),
+    path("login/", auth_views.LoginView.as_view(template_name="runs/login.html"), name="login"),
+    path("<int:run_id>/", views.run_detail_view, name="detail"),
+    path("<int:run_id>/stop/", views.run_stop_view, name="stop"),
+    path("<int:run_id>/resume/", views.run_resume_view, name="resume"),
+]
+
+api_patterns = [
+    path("registry/", api.RegistryApi.as_view(), name="registry"),
+    path("runs/", api.RunListCreateApi.as_view(), name="run-list"),
+    path("runs/<int:run_id>/", api.RunDetailApi.as_view(), name="run-detail"),
+    path("runs/<int:run_id>/stop/", api.RunStopApi.as_view(), name="run-stop"),
+    path("runs/<int:run_id>/resume/", api.RunResumeApi.as_view(), name="run-resume"),
+    path("runs/<int:run_id>/metrics/", api.RunMetricsApi.as_view(), name="run-metrics"),
+    path("runs/<int:run_id>/completions/", api.RunCompletionsApi.as_view(), name="run-completions"),
+    path("runs/<int:run_id>/events/", api.RunEventsApi.as_view(), name="run-events"),
+    path("runs/<int:run_id>/checkpoints/", api.RunCheckpointsApi.as_view(), name="run-checkpoints"),
+]

@@ -1,0 +1,168 @@
+"""The one place a run document from the web form or the REST API is checked.
+
+Two layers, both reported together as ``{field path: message}`` (``args.learning_rate``,
+``reward_funcs[1]``, ...):
+
+1. :func:`trainer.run_config.validate_run_document`: the RUN.yaml shape and ``AsyncGRPOConfig``
+   (types, ranges, the spec's incompatible combinations); it imports nothing the document names.
+2. What the control plane adds because the document is untrusted: every importable name must be in
+   the registry (:mod:`trainer.registry`), local model directories and dataset files only under the
+   configured roots (no path traversal), and no ``args`` that would let a request pick where the run
+   writes, which server it talks to, or make the worker run remote code / reach a hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from trainer import registry
+from trainer.run_config import RunConfigError, validate_run_document
+
+MAX_DOCUMENT_BYTES = 64_000
+
+# Set by the supervisor for every attempt (its own output directory and its own vLLM server).
+CONTROLLED_ARGS = ("output_dir", "vllm_server_base_url", "logging_dir")
+# Resuming goes through POST /runs/<id>/resume/, which picks the checkpoint.
+RESUME_ARGS = ("resume_from_checkpoint",)
+# These must keep their default (falsy) value: remote code, hub pushes, credentials.
+MUST_BE_FALSY_ARGS = ("trust_remote_code", "push_to_hub", "hub_token", "hub_model_id", "deepspeed")
+# Strings here are file paths read by the worker; only inline mappings are accepted from the web.
+MAPPING_ONLY_ARGS = ("fsdp_config", "accelerator_config")
+MODEL_INIT_KWARGS_ALLOWED = ("attn_implementation", "dtype", "torch_dtype", "low_cpu_mem_usage", "use_cache")
+REPORT_TO_ALLOWED = ("none",)
+
+
+def run_document_validate(*, document: Any) -> dict:
+    """Check an untrusted run document; return it unchanged when valid.
+
+    Raises :class:`~trainer.run_config.RunConfigError` whose ``errors`` maps each offending field
+    path to a message (all problems at once, not just the first).
+    """
+    if not isinstance(document, dict):
+        raise RunConfigError({"config": "must be a JSON object (the RUN.yaml document)"})
+    try:
+        size = len(json.dumps(document))
+    except (TypeError, ValueError) as exc:
+        raise RunConfigError({"config": f"must be plain JSON data ({exc})"}) from None
+    if size > MAX_DOCUMENT_BYTES:
+        raise RunConfigError({"config": f"is {size} bytes; the limit is {MAX_DOCUMENT_BYTES}"})
+    errors = _control_plane_errors(document)
+    try:
+        validate_run_document(document)
+    except RunConfigError as exc:
+        for path, message in exc.errors.items():
+            errors.setdefault(path, message)
+    if errors:
+        raise RunConfigError(errors)
+    return document
+
+
+def _control_plane_errors(doc: dict) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    model = doc.get("model")
+    if isinstance(model, str) and model and not registry.is_registered("model", model):
+        message = _local_path_error(
+            model, settings.GRPO_ALLOWED_MODEL_ROOTS, "GRPO_ALLOWED_MODEL_ROOTS", "model"
+        )
+        if message:
+            errors["model"] = message
+    dataset = doc.get("train_dataset")
+    if isinstance(dataset, str) and dataset and not registry.is_registered("dataset", dataset):
+        message = _local_path_error(
+            dataset, settings.GRPO_ALLOWED_DATASET_ROOTS, "GRPO_ALLOWED_DATASET_ROOTS", "dataset"
+        )
+        if message:
+            errors["train_dataset"] = message
+    errors.update(
+        _names_errors(doc.get("reward_funcs"), "reward_funcs", "reward_func", registry.REWARD_FUNCS)
+    )
+    errors.update(_names_errors(doc.get("tools"), "tools", "tool", registry.TOOLS))
+    env = doc.get("environment_factory")
+    if isinstance(env, str) and not registry.is_registered("environment", env):
+        errors["environment_factory"] = _unregistered("environment", env, registry.ENVIRONMENTS)
+    elif isinstance(env, dict):
+        for name, path in env.items():
+            if isinstance(path, str) and not registry.is_registered("environment", path):
+                errors[f"environment_factory.{name}"] = _unregistered(
+                    "environment", path, registry.ENVIRONMENTS
+                )
+    args = doc.get("args")
+    if isinstance(args, dict):
+        errors.update(_args_errors(args))
+    return errors
+
+
+def _names_errors(value: Any, field: str, kind: str, known: dict[str, str]) -> dict[str, str]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        return {}
+    return {
+        f"{field}[{i}]": _unregistered(kind, name, known)
+        for i, name in enumerate(names)
+        if isinstance(name, str) and not registry.is_registered(kind, name)
+    }
+
+
+def _unregistered(kind: str, name: str, known: dict[str, str]) -> str:
+    choices = ", ".join(known) or "none registered"
+    return f"{name!r} is not a registered {kind.replace('_', ' ')} (choose from: {choices})"
+
+
+def _local_path_error(value: str, roots: list[str], setting: str, what: str) -> str | None:
+    """None when ``value`` names an existing path inside one of ``roots``; else the reason why not."""
+    registered = ", ".join(registry.MODELS if what == "model" else registry.DATASETS)
+    if not roots:
+        return f"{value!r} is not a registered {what} ({registered}); local paths need {setting}"
+    path = Path(value)
+    if ".." in path.parts or not path.is_absolute():
+        return f"{value!r}: local {what} paths must be absolute and must not contain '..'"
+    real = os.path.realpath(path)
+    inside = [r for r in roots if os.path.commonpath([real, os.path.realpath(r)]) == os.path.realpath(r)]
+    if not inside:
+        return f"{value!r} is outside the allowed {what} roots ({setting})"
+    if what == "model" and not os.path.isdir(real):
+        return f"{value!r} is not a model directory"
+    if what == "dataset" and not (os.path.isdir(real) or real.endswith((".jsonl", ".json"))):
+        return f"{value!r} is neither a .jsonl file nor a datasets directory"
+    if not os.path.exists(real):
+        return f"{value!r} does not exist"
+    return None
+
+
+def _args_errors(args: dict) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for key in CONTROLLED_ARGS:
+        if key in args:
+            errors[f"args.{key}"] = "is set by the control plane for each run; remove it"
+    for key in RESUME_ARGS:
+        if key in args:
+            errors[f"args.{key}"] = "resume a stopped or failed run with POST /api/v1/runs/<id>/resume/"
+    for key in MUST_BE_FALSY_ARGS:
+        if args.get(key):
+            errors[f"args.{key}"] = "is not allowed from the web or the API (remote code, hub access)"
+    for key in MAPPING_ONLY_ARGS:
+        if isinstance(args.get(key), str):
+            errors[f"args.{key}"] = "must be an inline mapping; file paths are not accepted from the web"
+    kwargs = args.get("model_init_kwargs")
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError:
+            kwargs = None  # AsyncGRPOConfig reports the JSON error itself
+    if isinstance(kwargs, dict):
+        for key in kwargs:
+            if key not in MODEL_INIT_KWARGS_ALLOWED:
+                errors[f"args.model_init_kwargs.{key}"] = (
+                    f"not allowed from the web; allowed: {', '.join(MODEL_INIT_KWARGS_ALLOWED)}"
+                )
+    report_to = args.get("report_to")
+    if report_to is not None:
+        values = [report_to] if isinstance(report_to, str) else report_to
+        if not isinstance(values, list) or any(v not in REPORT_TO_ALLOWED for v in values):
+            errors["args.report_to"] = "integrations are not enabled from the web; use 'none'"
+    return errors

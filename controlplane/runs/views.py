@@ -1,0 +1,81 @@
+"""Server-rendered pages: run list, the run form, run detail with stop/resume (login required)."""
+
+from __future__ import annotations
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane.runs import selectors, services
+from controlplane.runs.forms import RunForm
+from trainer.run_config import RunConfigError
+
+
+@login_required
+def run_list_view(request: HttpRequest) -> HttpResponse:
+    services.runs_fail_stale()
+    runs = selectors.run_list(user=request.user)[:200]
+    return render(request, "runs/run_list.html", {"runs": runs})
+
+
+@login_required
+def run_create_view(request: HttpRequest) -> HttpResponse:
+    form = RunForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            run, _ = services.run_create(
+                owner=request.user, name=form.cleaned_data.get("name") or "", config=form.document()
+            )
+        except RunConfigError as exc:
+            form.add_config_errors(exc.errors)
+        else:
+            messages.success(request, f"Run {run.pk} queued.")
+            return redirect("runs:detail", run_id=run.pk)
+    return render(
+        request,
+        "runs/run_form.html",
+        {"form": form, "main_fields": [form[name] for name in form.main_arg_names]},
+        status=400 if request.method == "POST" else 200,
+    )
+
+
+@login_required
+def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    services.runs_fail_stale()
+    run = selectors.run_get(user=request.user, run_id=run_id)
+    context = {
+        "run": run,
+        "config_yaml": yaml.safe_dump(run.config, sort_keys=False),
+        "latest_metrics": sorted(selectors.run_metric_latest(run=run).items()),
+        "events": selectors.run_event_list(run=run, limit=100),
+        "checkpoints": selectors.run_checkpoint_list(run=run),
+        "completions": selectors.run_completion_list(run=run)[:20],
+    }
+    return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+@require_POST
+def run_stop_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = selectors.run_get(user=request.user, run_id=run_id)
+    try:
+        services.run_stop(run=run)
+        messages.info(request, "Stop requested.")
+    except services.RunStateError as exc:
+        messages.error(request, str(exc))
+    return redirect("runs:detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = selectors.run_get(user=request.user, run_id=run_id)
+    try:
+        services.run_resume(run=run)
+        messages.info(request, "Resume queued.")
+    except services.RunStateError as exc:
+        messages.error(request, str(exc))
+    return redirect("runs:detail", run_id=run.pk)

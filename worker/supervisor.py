@@ -1,0 +1,421 @@
+"""The run supervisor: one Celery task per run attempt launches and watches its processes.
+
+An attempt (:func:`supervise_run`):
+
+1. claims the queued run (``starting``; its own vLLM port and output directory),
+2. writes the launched document ``<output_dir>/RUN.yaml``: the stored config plus what the control
+   plane sets (``args.output_dir``, ``args.vllm_server_base_url`` on the run's own port, the model's
+   local directory),
+3. starts ``python -m trainer serve`` and waits for ``/health``,
+4. starts ``python -m trainer train --config RUN.yaml --callback worker.reporting.ControlPlaneCallback``
+   (``--resume CHECKPOINT`` when a previous attempt left one) and marks the run ``running``,
+5. watches both: trainer exit 0 -> ``completed``; trainer or server exit otherwise -> ``failed`` with
+   the exit status and the last log lines; ``stopping`` (set by the API) -> both are ended and the
+   run is ``stopped``.
+
+Every child is started through :mod:`worker.guard` in its own process group, and stopped as a
+group (SIGTERM, SIGKILL after ``GRPO_STOP_GRACE_S``). The supervisor refreshes ``Run.heartbeat_at``
+every ``GRPO_RUN_HEARTBEAT_S``; the same round trip tells it whether a stop was requested. A
+SIGTERM to the worker's pool process (warm shutdown) ends both children and fails the run with
+that reason; a SIGKILL leaves the guards to clean up and the staleness check to fail the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+
+from controlplane.runs import selectors, services
+from controlplane.runs.models import Run, RunEventKind, RunStatus
+from worker.processes import ManagedProcess
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CALLBACK_PATH = "worker.reporting.ControlPlaneCallback"
+POLL_S = 1.0
+LOG_EVENT_EVERY_S = 15.0
+TAIL_LINES = 40
+# vLLM flags for registered models (the tiny model's context and dtype, measured in NOTES.md).
+MODEL_SERVER_FLAGS = {"tiny": ["--max-model-len", "1024"]}
+T = TypeVar("T")
+
+
+class AttemptEnded(Exception):
+    """Ends the attempt early with a final status (stop requested, shutdown, process failure)."""
+
+    def __init__(self, status: str, reason: str = ""):
+        self.status = status
+        self.reason = reason
+        super().__init__(reason or status)
+
+
+class RunLost(Exception):
+    """The run left the active states under us (e.g. marked failed as stale): record nothing."""
+
+
+def supervise_run(*, run_id: int, task_id: str) -> str:
+    """Run one attempt of ``run_id`` to its end; returns the final status (or ``skipped``)."""
+    run = services.run_claim(run_id=run_id, task_id=task_id, worker_host=socket.gethostname())
+    if run is None:
+        logger.info("run %s: not queued for task %s; nothing to do", run_id, task_id)
+        return "skipped"
+    return RunSupervisor(run).run()
+
+
+class RunSupervisor:
+    """Launches and watches one attempt of a claimed run (see the module docstring)."""
+
+    def __init__(self, run: Run):
+        self.run_id = run.pk
+        self.run_obj = run
+        self.out = Path(run.output_dir)
+        self.logs = self.out / "logs"
+        self.port = run.vllm_port
+        self.vllm: ManagedProcess | None = None
+        self.trainer: ManagedProcess | None = None
+        self.shutdown_signal: int | None = None
+        self._next_beat = 0.0
+        self._next_log_event = 0.0
+        self._log_offset = 0
+
+    # ------------------------------------------------------------------------------ life cycle
+    def run(self) -> str:
+        previous = self._install_sigterm()
+        status, reason = RunStatus.FAILED, ""
+        lost = False
+        try:
+            self._attempt()
+            status = RunStatus.COMPLETED
+        except AttemptEnded as end:
+            status, reason = end.status, end.reason
+        except RunLost:
+            lost = True
+        except Exception as exc:
+            logger.exception("run %s: supervisor error", self.run_id)
+            reason = f"supervisor error: {type(exc).__name__}: {exc}"
+            services.run_event_create(
+                run_id=self.run_id, kind=RunEventKind.ERROR, message=traceback.format_exc()
+            )
+        finally:
+            trainer_code, vllm_code = self._stop_processes()
+            self._record_exits(trainer_code, vllm_code)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        if lost:
+            return "lost"
+        services.run_finish(
+            run_id=self.run_id,
+            status=status,
+            failure_reason=reason,
+            trainer_exit_code=trainer_code,
+            vllm_exit_code=vllm_code,
+        )
+        return str(status)
+
+    def _attempt(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        config = self.run_obj.config
+        model_dir = self._blocking(lambda: _resolve_model(config["model"]), what="resolving the model")
+        config_path = self._write_launch_document(model_dir)
+        self._start_vllm(model_dir, config)
+        self._wait_healthy()
+        checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
+        self._start_trainer(config_path, checkpoint)
+        resumed_from = None
+        if checkpoint is not None:
+            step = int(checkpoint.name.rsplit("-", 1)[1])
+            resumed_from = selectors.run_checkpoint_get(
+                run_id=self.run_id, step=step
+            ) or services.checkpoint_record(run_id=self.run_id, step=step, path=str(checkpoint))
+        services.run_mark_running(run_id=self.run_id, resumed_from=resumed_from)
+        self._watch()
+
+    # ------------------------------------------------------------------------------- processes
+    def _write_launch_document(self, model_dir: str) -> Path:
+        doc = copy.deepcopy(self.run_obj.config)
+        doc["model"] = model_dir
+        args = doc.setdefault("args", {})
+        args["output_dir"] = str(self.out)
+        args["vllm_server_base_url"] = self.base_url
+        path = self.out / "RUN.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start_vllm(self, model_dir: str, config: dict) -> None:
+        argv = [sys.executable, "-m", "trainer", "serve", model_dir, "--port", str(self.port)]
+        argv += MODEL_SERVER_FLAGS.get(config["model"], [])
+        dtype = (config.get("args") or {}).get("dtype", "float32")
+        if dtype != "auto":
+            argv += ["--dtype", dtype]
+        argv += shlex.split(settings.GRPO_VLLM_EXTRA_ARGS)
+        self.vllm = self._start("vllm", argv)
+        services.run_processes_record(run_id=self.run_id, vllm_pid=self.vllm.pid)
+        services.run_event_create(
+            run_id=self.run_id,
+            kind=RunEventKind.INFO,
+            message=f"vLLM server starting on port {self.port} (pid {self.vllm.pid}): {shlex.join(argv)}",
+        )
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + settings.GRPO_VLLM_START_TIMEOUT_S
+        started = time.monotonic()
+        while not _http_ok(self.base_url + "/health"):
+            self._check()
+            if time.monotonic() > deadline:
+                raise AttemptEnded(
+                    RunStatus.FAILED,
+                    f"vLLM server not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s:\n"
+                    + self.vllm.log_tail(TAIL_LINES),
+                )
+            time.sleep(POLL_S)
+        services.run_event_create(
+            run_id=self.run_id,
+            kind=RunEventKind.INFO,
+            message=f"vLLM server healthy after {time.monotonic() - started:.0f} s at {self.base_url}",
+        )
+
+    def _start_trainer(self, config_path: Path, checkpoint: Path | None) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(config_path),
+            "--callback",
+            CALLBACK_PATH,
+        ]
+        if checkpoint is not None:
+            argv += ["--resume", str(checkpoint)]
+        env = {
+            "GRPO_RUN_ID": str(self.run_id),
+            "DATABASE_URL": settings.DATABASE_URL,
+            "REDIS_URL": settings.REDIS_URL,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        }
+        self.trainer = self._start("trainer", argv, env)
+        services.run_processes_record(run_id=self.run_id, trainer_pid=self.trainer.pid)
+        services.run_event_create(
+            run_id=self.run_id,
+            kind=RunEventKind.INFO,
+            message=f"trainer started (pid {self.trainer.pid})"
+            + (f", resuming from {checkpoint}" if checkpoint else "")
+            + f": {shlex.join(argv)}",
+        )
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        log_path = self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
+        full_env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
+        }
+        full_env.update(env or {})
+        guarded = [sys.executable, "-m", "worker.guard", "--", *argv]
+        return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
+
+    def _watch(self) -> None:
+        while True:
+            code = self.trainer.poll()
+            if code is not None:
+                if code == 0:
+                    return
+                raise AttemptEnded(
+                    RunStatus.FAILED,
+                    f"trainer exited with status {_describe(code)}:\n{self.trainer.log_tail(TAIL_LINES)}",
+                )
+            self._check()
+            self._maybe_log_event()
+            time.sleep(POLL_S)
+
+    def _check(self) -> None:
+        """Between polls: a stop, a shutdown, a lost run, a dead server; heartbeat when due."""
+        if self.shutdown_signal is not None:
+            raise AttemptEnded(
+                RunStatus.FAILED,
+                f"the worker received {signal.Signals(self.shutdown_signal).name} (shutdown) while the run "
+                "was live; resume the run to continue from its latest checkpoint",
+            )
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + settings.GRPO_RUN_HEARTBEAT_S
+            try:
+                status = services.run_heartbeat(run_id=self.run_id)
+            except DatabaseError:
+                # A database blip must not end a training run: keep the processes, reconnect next
+                # beat. Past GRPO_RUN_STALE_AFTER_S the run is failed as stale and we learn it here.
+                logger.warning("run %s: heartbeat failed; retrying", self.run_id, exc_info=True)
+                close_old_connections()
+                return
+            if status is None:
+                raise RunLost()
+            if status == RunStatus.STOPPING:
+                raise AttemptEnded(RunStatus.STOPPED)
+        if self.vllm is not None and self.vllm.poll() is not None:
+            raise AttemptEnded(
+                RunStatus.FAILED,
+                f"vLLM server exited with status {_describe(self.vllm.poll())}:\n{self.vllm.log_tail(TAIL_LINES)}",
+            )
+
+    def _blocking(self, fn: Callable[[], T], *, what: str) -> T:
+        """Run ``fn`` in a thread while heartbeating and honouring stops (e.g. building the tiny model)."""
+        result: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                result["value"] = fn()
+            except BaseException as exc:  # re-raised in the supervisor's thread
+                result["error"] = exc
+
+        thread = threading.Thread(target=target, name=f"run-{self.run_id}-{what}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            self._check()
+            thread.join(POLL_S)
+        if "error" in result:
+            raise AttemptEnded(RunStatus.FAILED, f"{what} failed: {result['error']}")
+        return result["value"]
+
+    def _maybe_log_event(self) -> None:
+        """Every ``LOG_EVENT_EVERY_S``, the trainer log's new lines (last few) as one event."""
+        now = time.monotonic()
+        if now < self._next_log_event or self.trainer is None or self.trainer.log_path is None:
+            return
+        self._next_log_event = now + LOG_EVENT_EVERY_S
+        try:
+            with open(self.trainer.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                new = fh.read()
+        except OSError:
+            return
+        self._log_offset += len(new)
+        lines = [line for line in new.decode("utf-8", "replace").splitlines() if line.strip()]
+        if lines:
+            services.run_event_create(
+                run_id=self.run_id, kind=RunEventKind.LOG, message="\n".join(lines[-20:])
+            )
+
+    def _stop_processes(self) -> tuple[int | None, int | None]:
+        """End both process groups at once (SIGTERM, SIGKILL after the grace period)."""
+        grace = settings.GRPO_STOP_GRACE_S
+        processes = [self.trainer, self.vllm]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            codes = list(pool.map(lambda p: p.stop(grace_s=grace) if p is not None else None, processes))
+        for process in processes:
+            # SIGKILLed members (vLLM's engine core, the rollout process) take a moment to go away;
+            # the run is only reported ended once its groups are empty.
+            if process is not None and not _wait_group_gone(process.pid, timeout_s=10):
+                services.run_event_create(
+                    run_id=self.run_id,
+                    kind=RunEventKind.ERROR,
+                    message=f"{process.name}: processes of group {process.pid} still alive after SIGKILL: "
+                    f"{_group_members(process.pid)}",
+                )
+        return codes[0], codes[1]
+
+    def _record_exits(self, trainer_code: int | None, vllm_code: int | None) -> None:
+        for process, code in ((self.trainer, trainer_code), (self.vllm, vllm_code)):
+            if process is None:
+                continue
+            services.run_event_create(
+                run_id=self.run_id,
+                kind=RunEventKind.LOG,
+                message=f"{process.name} (pid {process.pid}) exited with status {_describe(code)}; "
+                f"last lines of {process.log_path}:\n{process.log_tail(TAIL_LINES)}",
+            )
+
+    def _install_sigterm(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.shutdown_signal = signum
+
+        return signal.signal(signal.SIGTERM, on_signal)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _resolve_model(name: str) -> str:
+    """A registered model name to its local directory (the tiny model is built once and cached)."""
+    from trainer.registry import is_registered, resolve_model
+
+    return resolve_model(name) if is_registered("model", name) else name
+
+
+def _latest_checkpoint(output_dir: Path) -> Path | None:
+    """The highest ``checkpoint-<step>`` folder that has its ``rollout_state.json``."""
+    found = []
+    for folder in output_dir.glob("checkpoint-*"):
+        suffix = folder.name.rsplit("-", 1)[1]
+        if suffix.isdigit() and (folder / "rollout_state.json").exists():
+            found.append((int(suffix), folder))
+    return max(found)[1] if found else None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid`` (Linux ``/proc``)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
+    """Wait until process group ``pgid`` is empty, SIGKILLing stragglers; False if it never empties."""
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.1)
+    return True
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _describe(code: int | None) -> str:
+    """An exit status for people: ``143 (SIGTERM)``; the guard reports signal N as 128 + N."""
+    if code is None:
+        return "unknown"
+    signum = code - 128 if code > 128 else -code if code < 0 else 0
+    try:
+        return f"{code} ({signal.Signals(signum).name})" if signum else str(code)
+    except ValueError:
+        return str(code)
