@@ -212,11 +212,12 @@ def tree_attention_forward(
     if attention_mask is not None:
         raise ValueError("tree attention takes no attention_mask: visibility comes from tree_mask")
     if sliding_window is not None:
-        raise NotImplementedError("tree attention does not implement sliding-window layers")
-    if s_aux is not None:
-        raise NotImplementedError(
-            "models with attention sinks are not supported (see the spec's constraints)"
+        raise ValueError(
+            "sliding-window attention layers are not supported by tree packing; use a model whose layers all "
+            "attend fully (or gated DeltaNet)"
         )
+    if s_aux is not None:
+        raise ValueError("models with attention sinks are not supported (see the spec's constraints)")
     use_flex = tree_mask.backend == "flex" or (tree_mask.backend == "auto" and query.is_cuda)
     attend = _flex_tree if use_flex else _sdpa_tree
     out = attend(query, key, value, tree_mask, scaling, dropout)
