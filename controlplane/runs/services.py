@@ -161,7 +161,7 @@ def demo_config() -> dict:
             "max_steps": 200,
             "num_generations": 8,
             "max_completion_length": 24,
-            "learning_rate": 3e-4,
+            "learning_rate": 5e-4,  # the rate tests/test_trainer_e2e.py shows raising reward
             "max_staleness": 2,
             "log_completions": True,
             "save_steps": 50,
