@@ -9,6 +9,7 @@ inspect what it generated and to save the child's start-up (~9 s importing trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -172,10 +173,8 @@ class ThreadWorker:
         while time.monotonic() < deadline:
             if self.error is not None:
                 raise self.error
-            try:
+            with contextlib.suppress(queue.Empty):
                 return self.results.get(timeout=0.1)
-            except queue.Empty:
-                pass
         return None
 
     def drain_metrics(self) -> list[dict]:

@@ -8,6 +8,7 @@ clearly from the old ones.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -134,11 +135,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, limit_s: float) -
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
         time.sleep(1)
     raise RuntimeError(f"vLLM not healthy after {limit_s} s:\n{log.read_text()[-3000:]}")
 
@@ -319,7 +318,7 @@ class FakeHangingServer:
                 release.wait(30)
 
             def log_message(self, *args) -> None:
-                pass
+                """Keep the stand-in server quiet (no per-request log lines)."""
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True

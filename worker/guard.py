@@ -55,10 +55,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return exit_status(child.wait(timeout=POLL_S))
-        except subprocess.TimeoutExpired:
-            pass
         if os.getppid() != parent:
             print(f"worker.guard: supervisor {parent} is gone; stopping process group", file=sys.stderr)
             _take_down_group(child, grace_s)
