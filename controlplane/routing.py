@@ -1,5 +1,11 @@
-"""Websocket routes (Channels). Run streams are added by the runs app."""
+"""Websocket routes (Channels)."""
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from controlplane.runs.consumers import RunStreamConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/<int:run_id>/", RunStreamConsumer.as_asgi()),
+]

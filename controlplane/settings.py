@@ -154,6 +154,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# The ASGI app serves /static/ itself (one box, no nginx needed); false where a proxy serves STATIC_ROOT.
+GRPO_SERVE_STATIC = env_bool("GRPO_SERVE_STATIC", True)
 LOGIN_URL = "/runs/login/"
 LOGIN_REDIRECT_URL = "/runs/"
 

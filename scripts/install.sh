@@ -2,7 +2,7 @@
 # Create or reuse .venv and install the pinned dependencies of pyproject.toml.
 # Idempotent: a stamp keyed on pyproject.toml's hash makes a second call a no-op (< 1 s).
 #   scripts/install.sh            runtime + dev dependencies
-#   scripts/install.sh --system   also Debian packages the tests need (docker-compose)
+#   scripts/install.sh --system   also Debian packages the tests need (docker-compose, chromium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,10 +11,15 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv
 
 if [ "${1:-}" = "--system" ]; then
-  if ! command -v docker-compose >/dev/null 2>&1; then
-    echo "install: apt-get install docker-compose (validates docker-compose.yml offline)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
-      || echo "install: could not install docker-compose; the compose test will fail" >&2
+  # docker-compose validates docker-compose.yml offline; Debian's chromium is the browser the
+  # dashboard tests drive through Playwright (executable_path, no browser download).
+  MISSING=""
+  command -v docker-compose >/dev/null 2>&1 || MISSING="$MISSING docker-compose"
+  command -v chromium >/dev/null 2>&1 || MISSING="$MISSING chromium"
+  if [ -n "$MISSING" ]; then
+    echo "install: apt-get install$MISSING"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $MISSING >/dev/null) \
+      || echo "install: could not install$MISSING; the tests that need them will fail" >&2
   fi
 fi
 

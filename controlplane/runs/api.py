@@ -20,6 +20,7 @@ from controlplane.runs.serializers import (
     CheckpointOutputSerializer,
     CompletionOutputSerializer,
     CompletionsQuerySerializer,
+    DiagnosisOutputSerializer,
     EventOutputSerializer,
     MetricsOutputSerializer,
     MetricsQuerySerializer,
@@ -32,6 +33,13 @@ from controlplane.runs.serializers import (
 from trainer.run_config import RunConfigError
 
 ConflictSerializer = inline_serializer("Conflict", {"detail": serializers.CharField()})
+
+
+class PageSizePagination(PageNumberPagination):
+    """``?page=N&page_size=M`` (M up to 1000; default PAGE_SIZE)."""
+
+    page_size_query_param = "page_size"
+    max_page_size = 1000
 
 
 def _conflict(exc: Exception) -> Response:
@@ -57,7 +65,7 @@ class RunListCreateApi(APIView):
     @extend_schema(summary="List visible runs (newest first)", responses=RunListOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         services.runs_fail_stale()
-        paginator = PageNumberPagination()
+        paginator = PageSizePagination()
         page = paginator.paginate_queryset(selectors.run_list(user=request.user), request, view=self)
         data = RunListOutputSerializer(page, many=True, context={"request": request}).data
         return paginator.get_paginated_response(data)
@@ -143,7 +151,12 @@ class RunMetricsApi(APIView):
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = MetricsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        series = selectors.run_metric_series(
+        select = (
+            selectors.run_metric_columns
+            if query.validated_data["layout"] == "columns"
+            else selectors.run_metric_series
+        )
+        series = select(
             run=run,
             names=query.validated_data.get("names") or None,
             since_step=query.validated_data.get("since_step"),
@@ -161,8 +174,10 @@ class RunCompletionsApi(APIView):
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = CompletionsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        samples = selectors.run_completion_list(run=run, since_step=query.validated_data.get("since_step"))
-        paginator = PageNumberPagination()
+        samples = selectors.run_completion_list(
+            run=run, since_step=query.validated_data.get("since_step"), step=query.validated_data.get("step")
+        )
+        paginator = PageSizePagination()
         page = paginator.paginate_queryset(samples, request, view=self)
         return paginator.get_paginated_response(CompletionOutputSerializer(page, many=True).data)
 
@@ -182,3 +197,14 @@ class RunCheckpointsApi(APIView):
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
         return Response(CheckpointOutputSerializer(selectors.run_checkpoint_list(run=run), many=True).data)
+
+
+class RunDiagnosisApi(APIView):
+    @extend_schema(
+        summary="The spec's diagnoses (bottleneck, concurrency, saturation, duplicates, clipping) "
+        "applied to the run's latest steps, each with its numbers and advice",
+        responses=DiagnosisOutputSerializer(many=True),
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        return Response(DiagnosisOutputSerializer(selectors.run_diagnosis(run=run), many=True).data)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import QuerySet
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import Case, F, FloatField, Max, OuterRef, QuerySet, Subquery, Value, When
 from django.http import Http404
 
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent
@@ -35,6 +37,36 @@ def run_list(*, user: Any) -> QuerySet[Run]:
     """Runs ``user`` may see: their own; staff see everyone's. Newest first."""
     runs = Run.objects.select_related("owner")
     return runs if user.is_staff else runs.filter(owner=user)
+
+
+def run_list_with_progress(*, user: Any) -> QuerySet[Run]:
+    """:func:`run_list` annotated with ``last_step`` (highest logged step) and ``last_reward``."""
+    points = MetricPoint.objects.filter(run=OuterRef("pk"))
+    return run_list(user=user).annotate(
+        last_step=Subquery(points.order_by("-step").values("step")[:1]),
+        last_reward=Subquery(points.filter(name="reward").order_by("-step").values("value")[:1]),
+    )
+
+
+def run_max_steps(*, run: Run) -> int | None:
+    """The run's ``args.max_steps`` when it sets a positive one (else its length is in epochs)."""
+    value = (run.config.get("args") or {}).get("max_steps") if isinstance(run.config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_status_snapshot(*, run: Run) -> dict[str, Any]:
+    """What a dashboard needs to show where a run stands (the websocket's first message)."""
+    last_step = MetricPoint.objects.filter(run=run).aggregate(step=Max("step"))["step"]
+    return {
+        "run_id": run.pk,
+        "status": run.status,
+        "step": last_step,
+        "max_steps": run_max_steps(run=run),
+        "attempt": run.attempt,
+        "failure_reason": run.failure_reason,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
 
 
 def run_get(*, user: Any, run_id: int) -> Run:
@@ -66,6 +98,59 @@ def run_metric_series(
     return dict(series)
 
 
+def run_metric_columns(
+    *, run: Run, names: list[str] | None = None, since_step: int | None = None
+) -> dict[str, dict[str, list]]:
+    """``{name: {"steps": [...], "values": [...]}}``: the series of :func:`run_metric_series` as
+    parallel arrays, about 3x smaller as JSON and what chart libraries take as they are.
+
+    Postgres builds the arrays (one ``array_agg`` per name over the (run, name, step) index) and turns
+    NaN/inf into NULL, so 50 metrics x 5,000 steps cost no Python loop over 250k rows.
+    """
+    points = MetricPoint.objects.filter(run=run)
+    if names:
+        points = points.filter(name__in=names)
+    if since_step is not None:
+        points = points.filter(step__gt=since_step)
+    finite = Case(
+        When(value__in=[math.nan, math.inf, -math.inf], then=Value(None)),
+        default=F("value"),
+        output_field=FloatField(),
+    )
+    rows = (
+        points.values("name")
+        .annotate(steps=ArrayAgg("step", order_by="step"), values=ArrayAgg(finite, order_by="step"))
+        .order_by("name")
+        .values_list("name", "steps", "values")
+    )
+    columns = {name: {"steps": steps, "values": values} for name, steps, values in rows}
+    for name in names or ():
+        columns.setdefault(name, {"steps": [], "values": []})
+    return columns
+
+
+def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]]:
+    """The spec's diagnosis tables (:mod:`trainer.diagnosis`) applied to the run's latest steps."""
+    from trainer import diagnosis
+
+    window = window or diagnosis.DEFAULT_WINDOW_STEPS
+    last_step = MetricPoint.objects.filter(run=run).aggregate(step=Max("step"))["step"]
+    if last_step is None:
+        return []
+    points = MetricPoint.objects.filter(run=run, step__gt=max(0, last_step - window)).order_by("name", "step")
+    series: dict[str, list[tuple[int, float | None]]] = defaultdict(list)
+    for name, step, value in points.values_list("name", "step", "value"):
+        series[name].append((step, finite_or_none(value)))
+    config = (run.config.get("args") or {}) if isinstance(run.config, dict) else {}
+    return [d.as_dict() for d in diagnosis.diagnose(series, config=config, window=window)]
+
+
+def metric_names(*, runs: list[Run]) -> list[str]:
+    """Every metric name any of ``runs`` logged, sorted."""
+    names = MetricPoint.objects.filter(run__in=runs).values_list("name", flat=True).distinct()
+    return sorted(names)
+
+
 def run_metric_latest(*, run: Run) -> dict[str, dict[str, Any]]:
     """The last logged value of every metric: ``{name: {"step", "value"}}`` (one DISTINCT ON query)."""
     rows = (
@@ -77,11 +162,15 @@ def run_metric_latest(*, run: Run) -> dict[str, dict[str, Any]]:
     return {name: {"step": step, "value": finite_or_none(value)} for name, step, value in rows}
 
 
-def run_completion_list(*, run: Run, since_step: int | None = None) -> QuerySet[CompletionSample]:
-    """Sampled completions, newest step first."""
+def run_completion_list(
+    *, run: Run, since_step: int | None = None, step: int | None = None
+) -> QuerySet[CompletionSample]:
+    """Sampled completions, newest step first (only steps > ``since_step``, or only ``step``)."""
     samples = CompletionSample.objects.filter(run=run)
     if since_step is not None:
         samples = samples.filter(step__gt=since_step)
+    if step is not None:
+        samples = samples.filter(step=step)
     return samples.order_by("-step", "index")
 
 

@@ -123,6 +123,12 @@ class CheckpointOutputSerializer(serializers.ModelSerializer):
 class MetricsQuerySerializer(serializers.Serializer):
     names = serializers.CharField(required=False, allow_blank=True, help_text="comma-separated metric names")
     since_step = serializers.IntegerField(required=False, min_value=0, help_text="only steps after this one")
+    layout = serializers.ChoiceField(
+        choices=["points", "columns"],
+        default="points",
+        help_text='points: {"reward": [{"step", "value"}, ...]}; columns: {"reward": {"steps": [...], '
+        '"values": [...]}} (compact; what the dashboard loads)',
+    )
 
     def validate_names(self, value: str) -> list[str]:
         return [n.strip() for n in value.split(",") if n.strip()]
@@ -137,3 +143,13 @@ class MetricsOutputSerializer(serializers.Serializer):
 
 class CompletionsQuerySerializer(serializers.Serializer):
     since_step = serializers.IntegerField(required=False, min_value=0)
+    step = serializers.IntegerField(required=False, min_value=0, help_text="only this step")
+
+
+class DiagnosisOutputSerializer(serializers.Serializer):
+    topic = serializers.CharField()
+    verdict = serializers.CharField()
+    title = serializers.CharField()
+    severity = serializers.ChoiceField(choices=["ok", "info", "warn"])
+    evidence = serializers.DictField(child=serializers.FloatField(allow_null=True))
+    advice = serializers.CharField()

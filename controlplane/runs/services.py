@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 SUPERVISE_TASK = "worker.run_supervise"
 MAX_EVENT_CHARS = 20_000
-MAX_PUBLISHED_TEXT_CHARS = 2_000
+MAX_PUBLISHED_TEXT_CHARS = 8_000
 
 
 class RunStateError(Exception):
@@ -433,12 +433,16 @@ def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping
         "step": step,
         "items": [
             {
+                "index": r.index,
                 "prompt": r.prompt[:MAX_PUBLISHED_TEXT_CHARS],
                 "completion": r.completion[:MAX_PUBLISHED_TEXT_CHARS],
+                # Long texts are cut in the live message; REST (/completions/) has them whole.
+                "truncated": max(len(r.prompt), len(r.completion)) > MAX_PUBLISHED_TEXT_CHARS,
                 "reward": finite_or_none(r.reward),
                 "rewards": r.rewards,
                 "advantage": finite_or_none(r.advantage),
                 "group_id": r.group_id,
+                "row_index": r.row_index,
             }
             for r in rows
         ],
@@ -478,7 +482,7 @@ def _transition(
     if not updated:
         return False
     _event(run_id, RunEventKind.STATUS, message)
-    _publish_status(run_id, to)
+    _publish_status(run_id, to, failure_reason=fields.get("failure_reason", ""))
     return True
 
 
@@ -486,11 +490,21 @@ def _event(run_id: int, kind: str, message: str) -> RunEvent:
     message = message.replace("\x00", "")  # Postgres text cannot hold NUL (log tails may)
     if len(message) > MAX_EVENT_CHARS:
         message = "...\n" + message[-MAX_EVENT_CHARS:]
-    return RunEvent.objects.create(run_id=run_id, kind=kind, message=message)
+    event = RunEvent.objects.create(run_id=run_id, kind=kind, message=message)
+    published = {
+        "type": "run.event",
+        "kind": event.kind,
+        "message": event.message[-MAX_PUBLISHED_TEXT_CHARS:],
+        "created_at": event.created_at.isoformat(),
+    }
+    transaction.on_commit(lambda: _publish(run_id, published))
+    return event
 
 
-def _publish_status(run_id: int, status: str) -> None:
+def _publish_status(run_id: int, status: str, *, failure_reason: str = "") -> None:
     message = {"type": "run.status", "status": str(status)}
+    if failure_reason:
+        message["failure_reason"] = failure_reason
     transaction.on_commit(lambda: _publish(run_id, message))
 
 

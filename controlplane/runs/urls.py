@@ -12,6 +12,7 @@ web_patterns = [
     path("", views.run_list_view, name="list"),
     path("new/", views.run_create_view, name="create"),
     path("login/", auth_views.LoginView.as_view(template_name="runs/login.html"), name="login"),
+    path("compare/", views.run_compare_view, name="compare"),
     path("<int:run_id>/", views.run_detail_view, name="detail"),
     path("<int:run_id>/stop/", views.run_stop_view, name="stop"),
     path("<int:run_id>/resume/", views.run_resume_view, name="resume"),
@@ -27,4 +28,5 @@ api_patterns = [
     path("runs/<int:run_id>/completions/", api.RunCompletionsApi.as_view(), name="run-completions"),
     path("runs/<int:run_id>/events/", api.RunEventsApi.as_view(), name="run-events"),
     path("runs/<int:run_id>/checkpoints/", api.RunCheckpointsApi.as_view(), name="run-checkpoints"),
+    path("runs/<int:run_id>/diagnosis/", api.RunDiagnosisApi.as_view(), name="run-diagnosis"),
 ]

@@ -1,4 +1,4 @@
-"""Server-rendered pages: run list, the run form, run detail with stop/resume (login required)."""
+"""Server-rendered pages: run list, the run form, the run dashboard, run comparison (login required)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,30 @@ from trainer.run_config import RunConfigError
 @login_required
 def run_list_view(request: HttpRequest) -> HttpResponse:
     services.runs_fail_stale()
-    runs = selectors.run_list(user=request.user)[:200]
+    runs = list(selectors.run_list_with_progress(user=request.user)[:200])
+    for run in runs:
+        run.max_steps = selectors.run_max_steps(run=run)
     return render(request, "runs/run_list.html", {"runs": runs})
+
+
+@login_required
+def run_compare_view(request: HttpRequest) -> HttpResponse:
+    """One metric overlaid across chosen runs (``?runs=3,5,8&metric=reward``); the page's script
+    fetches each run's series over REST."""
+    # ?runs=3,5 (links) or ?run=3&run=5 (the run list's checkboxes)
+    parts = request.GET.get("runs", "").split(",") + request.GET.getlist("run")
+    wanted = [int(part) for part in parts if part.strip().isdigit()]
+    runs = list(selectors.run_list(user=request.user).filter(pk__in=wanted).order_by("pk"))
+    return render(
+        request,
+        "runs/run_compare.html",
+        {
+            "runs": runs,
+            "metric": request.GET.get("metric") or "reward",
+            "run_ids": ",".join(str(r.pk) for r in runs),
+            "metric_names": selectors.metric_names(runs=runs),
+        },
+    )
 
 
 @login_required
@@ -46,13 +68,13 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
 def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
     services.runs_fail_stale()
     run = selectors.run_get(user=request.user, run_id=run_id)
+    # The dashboard script loads metrics, completions, events and the diagnosis over REST and then
+    # follows the run's websocket; the page itself carries only what does not change while it runs.
     context = {
         "run": run,
+        "max_steps": selectors.run_max_steps(run=run),
         "config_yaml": yaml.safe_dump(run.config, sort_keys=False),
-        "latest_metrics": sorted(selectors.run_metric_latest(run=run).items()),
-        "events": selectors.run_event_list(run=run, limit=100),
         "checkpoints": selectors.run_checkpoint_list(run=run),
-        "completions": selectors.run_completion_list(run=run)[:20],
     }
     return render(request, "runs/run_detail.html", context)
 

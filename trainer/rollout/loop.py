@@ -655,6 +655,8 @@ class AsyncRolloutLoop:
     ) -> None:
         """Per-rollout generation metrics (``rollout/*``, ``tools/call_frequency``), all groups."""
         w = self.window
+        # A sum that reads 0 (not absent) in windows without retries, so dashboards plot a line.
+        w.add("rollout/vllm_retry_count", 0)
         for outcome, seqs, (forks, drift) in zip(
             outcomes, group.completions_sequences, reconcile_stats, strict=True
         ):

@@ -1,0 +1,250 @@
+"""Dashboard benchmark: first paint of a big run, and websocket delivery latency under many viewers.
+
+    .venv/bin/python bench/dashboard.py [--metrics 50] [--steps 5000] [--viewers 50] [--messages 200]
+
+1. First paint: a run with ``--metrics`` metrics x ``--steps`` steps is written to Postgres; headless
+   Chromium (Playwright, Debian's chromium) logs in and opens the run page served by daphne. Reported:
+   the time from navigation start until every chart has drawn all its points (``data-points``), the
+   REST history request's time and size, and the time to the first chart.
+2. Delivery latency: ``--viewers`` websocket clients (token auth) follow one run while the real ingest
+   service publishes ``--messages`` logging steps (50 metrics each, at ``--rate`` per second). Latency is
+   the publish-to-receive time of every (viewer, message) pair: p50 / p95 / max.
+
+Uses the configured database (DATABASE_URL) and Redis; the bench run and user are deleted afterwards.
+Prints one JSON object and writes it to bench/results/dashboard-cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+
+def _setup_django() -> None:
+    import django
+
+    django.setup()
+    from controlplane.preflight import require_services
+
+    require_services()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _make_run(user, *, metrics: int, steps: int):
+    """A finished run with ``metrics`` x ``steps`` points, written with COPY-sized bulk inserts."""
+    from django.utils import timezone
+
+    from controlplane.runs.models import MetricPoint, Run
+
+    now = timezone.now()
+    run = Run.objects.create(
+        owner=user,
+        name=f"bench {metrics}x{steps}",
+        config={"model": "tiny", "args": {"max_steps": steps}},
+        config_sha256="0" * 64,
+        status="completed",
+        finished_at=now,
+    )
+    namespaces = ("rollout", "sample", "batch", "perf", "sampling", "completions", "tools")
+    names = ["reward", "loss"] + [f"{namespaces[i % len(namespaces)]}/metric_{i}" for i in range(metrics - 2)]
+    batch: list[MetricPoint] = []
+    for step in range(1, steps + 1):
+        for i, name in enumerate(names):
+            batch.append(MetricPoint(run=run, step=step, name=name, value=(step % 97) / 97 + i))
+        if len(batch) >= 50_000:
+            MetricPoint.objects.bulk_create(batch)
+            batch = []
+    MetricPoint.objects.bulk_create(batch)
+    return run
+
+
+def _start_daphne(port: int) -> subprocess.Popen:
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("daphne did not start")
+
+
+def bench_first_paint(base: str, run_id: int, metrics: int, steps: int, password: str) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(base + "/runs/login/")
+        page.fill("input[name=username]", "bench-viewer")
+        page.fill("input[name=password]", password)
+        page.click("button[type=submit], input[type=submit]")
+        page.wait_for_url("**/runs/")
+        results = []
+        for _ in range(3):  # the first load also warms caches; report each
+            page.goto(f"{base}/runs/{run_id}/")
+            page.wait_for_function(
+                f"document.querySelectorAll('.chart[data-points=\"{steps}\"]').length === {metrics}",
+                timeout=120_000,
+                polling=50,
+            )
+            done_ms = page.evaluate("performance.now()")
+            timing = page.evaluate(
+                """() => {
+                  const nav = performance.getEntriesByType('navigation')[0];
+                  const hist = performance.getEntriesByType('resource').find(r => r.name.includes('/metrics/?layout=columns'));
+                  return {dom_content_loaded_ms: nav.domContentLoadedEventEnd,
+                          history_request_ms: hist ? hist.responseEnd - hist.startTime : null,
+                          history_bytes: hist ? hist.encodedBodySize : null};
+                }"""
+            )
+            results.append({"all_charts_drawn_ms": round(done_ms, 1), **timing})
+        browser.close()
+    return {
+        "loads": results,
+        "median_all_charts_drawn_ms": statistics.median(r["all_charts_drawn_ms"] for r in results),
+    }
+
+
+async def _viewer(url: str, expected: int, latencies: list[float], ready: asyncio.Event, counter: list[int]):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        first = json.loads((await ws.receive()).data)
+        assert first["type"] == "status", first
+        counter[0] += 1
+        if counter[0] == counter[1]:
+            ready.set()
+        got = 0
+        while got < expected:
+            msg = await ws.receive(timeout=60)
+            data = json.loads(msg.data)
+            if data.get("type") != "metrics":
+                continue
+            latencies.append(time.time() - data["values"]["bench/sent_at"])
+            got += 1
+
+
+async def _bench_latency(
+    base: str, run_id: int, token: str, viewers: int, messages: int, rate: float
+) -> dict:
+    from asgiref.sync import sync_to_async
+
+    from controlplane.runs import services
+
+    url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
+    latencies: list[float] = []
+    ready = asyncio.Event()
+    counter = [0, viewers]
+    tasks = [asyncio.create_task(_viewer(url, messages, latencies, ready, counter)) for _ in range(viewers)]
+    await asyncio.wait_for(ready.wait(), timeout=60)
+    values = {f"bench/metric_{i}": float(i) for i in range(49)}
+
+    def publish(step: int) -> None:
+        services.metric_points_ingest(
+            run_id=run_id, step=step, values={**values, "bench/sent_at": time.time()}
+        )
+
+    started = time.monotonic()
+    for step in range(1, messages + 1):
+        await sync_to_async(publish)(step)
+        await asyncio.sleep(max(0.0, started + step / rate - time.monotonic()))
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    ms = sorted(1000 * x for x in latencies)
+    return {
+        "viewers": viewers,
+        "messages": messages,
+        "rate_per_s": rate,
+        "deliveries": len(ms),
+        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
+        "max_ms": round(ms[-1], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--metrics", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--viewers", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=10.0, help="logging steps published per second")
+    args = parser.parse_args()
+
+    _setup_django()
+    from django.contrib.auth import get_user_model
+
+    from controlplane.runs import services
+
+    password = "bench-pass-" + str(os.getpid())
+    user_model = get_user_model()
+    user_model.objects.filter(username="bench-viewer").delete()
+    user = user_model.objects.create_user(username="bench-viewer", password=password)
+    port = _free_port()
+    daphne = _start_daphne(port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.monotonic()
+        big = _make_run(user, metrics=args.metrics, steps=args.steps)
+        write_s = time.monotonic() - t0
+        paint = bench_first_paint(base, big.pk, args.metrics, args.steps, password)
+        live = _make_run(user, metrics=2, steps=1)
+        token = services.token_issue(username="bench-viewer")
+        latency = asyncio.run(_bench_latency(base, live.pk, token, args.viewers, args.messages, args.rate))
+    finally:
+        daphne.terminate()
+        daphne.wait(timeout=10)
+        user.delete()  # cascades to the bench runs and their points
+    result = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "command": "python bench/dashboard.py " + " ".join(sys.argv[1:]),
+        "first_paint": {
+            "metrics": args.metrics,
+            "steps": args.steps,
+            "db_write_s": round(write_s, 1),
+            **paint,
+        },
+        "websocket_latency": latency,
+    }
+    out = REPO / "bench" / "results" / "dashboard-cpu.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

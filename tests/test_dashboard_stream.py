@@ -1,0 +1,197 @@
+"""The run stream ``/ws/runs/<id>/`` through the real ASGI application (auth middleware, URL router,
+consumer) and the real Redis channel layer, driven by Channels' ``WebsocketCommunicator``.
+
+Producers are the real ingest services: what a trainer's callback calls is what reaches the socket.
+These tests commit (``transaction=True``) because the consumer reads the run from its own thread and
+the services publish on commit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from controlplane.asgi import application
+from controlplane.runs import services
+from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from controlplane.runs.models import Run, RunEventKind, RunStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = [(b"origin", b"http://localhost")]
+
+
+def make_user(name: str):
+    return get_user_model().objects.create_user(username=name, password=None)
+
+
+def make_run(owner, *, max_steps: int = 30) -> Run:
+    config = {
+        "model": "tiny",
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "args": {"max_steps": max_steps},
+    }
+    # Stored directly (not run_create): a committed run_create would enqueue a supervisor task.
+    return Run.objects.create(owner=owner, name="stream test", config=config, config_sha256="0" * 64)
+
+
+async def open_socket(path: str, headers: list | None = None) -> tuple[WebsocketCommunicator, dict | int]:
+    """Connect; returns the communicator and the first message, or the close code."""
+    comm = WebsocketCommunicator(application, path, headers=ORIGIN + (headers or []))
+    connected, _ = await comm.connect(timeout=10)
+    assert connected  # the handshake is accepted; refusals are close codes a client can read
+    first = await comm.receive_output(timeout=10)
+    if first["type"] == "websocket.close":
+        return comm, first["code"]
+    return comm, json.loads(first["text"])
+
+
+def run_async(coro):
+    """Run a scenario from this sync test; thread-sensitive DB calls then use the test's own thread
+    (and connection), so no connection outlives the test."""
+
+    async def runner():
+        return await coro
+
+    return async_to_sync(runner)()
+
+
+def test_anonymous_and_bad_token_sockets_are_closed_4401():
+    run = make_run(make_user("alice"))
+
+    async def scenario():
+        _, code = await open_socket(f"/ws/runs/{run.pk}/")
+        assert code == CLOSE_UNAUTHENTICATED
+        _, code = await open_socket(f"/ws/runs/{run.pk}/?token=not-a-token")
+        assert code == CLOSE_UNAUTHENTICATED
+
+    run_async(scenario())
+
+
+def test_token_auth_sees_own_run_status_and_not_others():
+    alice, bob = make_user("alice"), make_user("bob")
+    run = make_run(alice, max_steps=12)
+    services.metric_points_ingest(run_id=run.pk, step=3, values={"reward": 0.25})
+    alice_token = services.token_issue(username="alice")
+    bob_token = services.token_issue(username="bob")
+
+    async def scenario():
+        comm, first = await open_socket(f"/ws/runs/{run.pk}/?token={alice_token}")
+        assert first["type"] == "status"
+        assert first["status"] == "queued" and first["run_id"] == run.pk
+        assert first["step"] == 3 and first["max_steps"] == 12
+        await comm.disconnect()
+        _, code = await open_socket(f"/ws/runs/{run.pk}/?token={bob_token}")
+        assert code == CLOSE_NOT_FOUND
+        _, code = await open_socket(f"/ws/runs/{run.pk + 1000}/?token={alice_token}")
+        assert code == CLOSE_NOT_FOUND
+
+    run_async(scenario())
+    assert bob.is_active
+
+
+def test_session_cookie_authenticates_a_browser_socket():
+    alice = make_user("alice")
+    run = make_run(alice)
+    client = Client()
+    client.force_login(alice)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    async def scenario():
+        comm, first = await open_socket(f"/ws/runs/{run.pk}/", headers=[(b"cookie", cookie)])
+        assert first == {**first, "type": "status", "status": "queued"}
+        await comm.disconnect()
+
+    run_async(scenario())
+
+
+def test_messages_arrive_in_order_one_per_step_with_every_metric():
+    alice = make_user("alice")
+    run = make_run(alice)
+    token = services.token_issue(username="alice")
+    names = [f"ns{i % 5}/metric_{i}" for i in range(50)]
+    steps = 20
+
+    async def scenario():
+        comm, first = await open_socket(f"/ws/runs/{run.pk}/?token={token}")
+        assert first["type"] == "status"
+
+        def produce():
+            for step in range(1, steps + 1):
+                services.metric_points_ingest(
+                    run_id=run.pk, step=step, values={n: step + i / 100 for i, n in enumerate(names)}
+                )
+            services.completion_samples_ingest(
+                run_id=run.pk,
+                step=steps,
+                items=[{"prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5, "group_id": 7}],
+            )
+            services.run_event_create(run_id=run.pk, kind=RunEventKind.LOG, message="trainer: step 20")
+            services.run_stop(run=Run.objects.get(pk=run.pk))  # queued -> stopped
+
+        await database_sync_to_async(produce)()
+        received = []
+        while not received or received[-1]["type"] != "status":
+            received.append(await comm.receive_json_from(timeout=10))
+            assert len(received) < 40, [m["type"] for m in received]
+        kinds = [m["type"] for m in received]
+        # Batching: one message per logging step carrying all 50 metrics, never one per metric.
+        assert kinds[:steps] == ["metrics"] * steps
+        assert [m["step"] for m in received[:steps]] == list(range(1, steps + 1))
+        assert all(len(m["values"]) == len(names) for m in received[:steps])
+        assert received[4]["values"]["ns1/metric_1"] == pytest.approx(5.01)
+        # Ordering: what was produced later arrives later.
+        assert kinds[steps] == "completions" and received[steps]["step"] == steps
+        item = received[steps]["items"][0]
+        assert item["completion"] == "2" and item["group_id"] == 7 and item["advantage"] == 0.5
+        assert kinds[steps + 1] == "event" and received[steps + 1]["kind"] == "log"
+        assert received[-1]["status"] == RunStatus.STOPPED
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    run_async(scenario())
+
+
+def test_a_socket_gets_nothing_from_other_runs_and_ping_is_answered():
+    alice = make_user("alice")
+    watched, other = make_run(alice), make_run(alice)
+    token = services.token_issue(username="alice")
+
+    async def scenario():
+        comm, _ = await open_socket(f"/ws/runs/{watched.pk}/?token={token}")
+        await database_sync_to_async(services.metric_points_ingest)(
+            run_id=other.pk, step=1, values={"reward": 1.0}
+        )
+        await comm.send_json_to({"type": "ping"})
+        assert await comm.receive_json_from(timeout=10) == {"type": "pong"}
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    run_async(scenario())
+
+
+def test_foreign_origin_is_refused_and_a_script_without_origin_is_let_in():
+    alice = make_user("alice")
+    run = make_run(alice)
+    token = services.token_issue(username="alice")
+
+    async def scenario():
+        foreign = WebsocketCommunicator(
+            application, f"/ws/runs/{run.pk}/?token={token}", headers=[(b"origin", b"http://evil.example")]
+        )
+        connected, _ = await foreign.connect(timeout=10)
+        assert not connected  # refused at the handshake
+        script = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/?token={token}")
+        connected, _ = await script.connect(timeout=10)
+        assert connected
+        assert (await script.receive_json_from(timeout=10))["type"] == "status"
+        await script.disconnect()
+
+    run_async(scenario())
