@@ -8,7 +8,9 @@ the services publish on commit.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -195,3 +197,53 @@ def test_foreign_origin_is_refused_and_a_script_without_origin_is_let_in():
         await script.disconnect()
 
     run_async(scenario())
+
+
+def test_reporting_callback_batches_a_fast_run_into_few_messages(tmp_path):
+    """The trainer-side producer: 30 steps logged within ~100 ms reach the channel layer as a few
+    batch messages (flushes at most every batch_s), and the socket still gets one message per step."""
+    from types import SimpleNamespace
+
+    from controlplane.runs.models import MetricPoint
+    from worker.reporting import ControlPlaneCallback
+
+    alice = make_user("alice")
+    run = make_run(alice)
+    token = services.token_issue(username="alice")
+    layer_messages: list[dict] = []
+
+    async def scenario():
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        spy = await layer.new_channel()
+        await layer.group_add(f"run-{run.pk}", spy)
+        comm, _ = await open_socket(f"/ws/runs/{run.pk}/?token={token}")
+
+        def produce():
+            callback = ControlPlaneCallback(run_id=run.pk, batch_s=0.25)
+            args = SimpleNamespace(output_dir=str(tmp_path))
+            for step in range(1, 31):
+                state = SimpleNamespace(is_world_process_zero=True, global_step=step)
+                callback.on_log(args, state, None, logs={"reward": step / 100, "loss": 0.5})
+                time.sleep(0.003)
+            callback.on_train_end(args, state, None)
+
+        started = time.monotonic()
+        await database_sync_to_async(produce)()
+        elapsed = time.monotonic() - started
+        steps = [(await comm.receive_json_from(timeout=10))["step"] for _ in range(30)]
+        assert steps == list(range(1, 31))  # one socket message per step, in order
+        while True:
+            try:
+                layer_messages.append(await asyncio.wait_for(layer.receive(spy), timeout=0.5))
+            except TimeoutError:
+                break
+        await comm.disconnect()
+        return elapsed
+
+    elapsed = run_async(scenario())
+    assert MetricPoint.objects.filter(run=run, name="reward").count() == 30
+    # ~30 steps over `elapsed` seconds with a flush at most every 0.25 s (plus the close()).
+    assert 1 <= len(layer_messages) <= elapsed / 0.25 + 2, (len(layer_messages), elapsed)
+    assert any(m["type"] == "run.metrics.batch" and len(m["steps"]) > 1 for m in layer_messages)

@@ -400,7 +400,7 @@ def test_control_plane_callback_writes_batches_and_survives_refused_writes(tmp_p
 
     owner = make_user("trainer-owner")
     run, _ = services.run_create(owner=owner, config=good_config(), launch=False)
-    callback = ControlPlaneCallback(run_id=run.pk)
+    callback = ControlPlaneCallback(run_id=run.pk, batch_s=0)  # inline writes: one per event
     args = SimpleNamespace(output_dir=str(tmp_path))
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
     item = {

@@ -9,8 +9,10 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
     {"type": "event", "kind": "log", "message": "...", "created_at": "..."}
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
-Producers batch: :func:`controlplane.runs.services.metric_points_ingest` publishes one message per
-logging step carrying every metric of that step, never one per metric.
+Producers batch: the trainer's reporting callback flushes at most every ~250 ms, and
+:func:`controlplane.runs.services.metric_steps_ingest` publishes one channel-layer message per flush
+carrying every metric of every step in it (never one per metric); this consumer forwards each step
+as its own ``metrics`` message, in step order.
 
 Authentication: the Django session (browser) or ``?token=<API token>`` (scripts, CI). An anonymous
 socket is closed with code 4401, a run the user may not see with 4404 (after the handshake, so a
@@ -76,6 +78,11 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
     # Group message handlers: "run.metrics" -> run_metrics, etc. The "run." prefix is dropped.
     async def run_metrics(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "metrics", "step": message["step"], "values": message["values"]})
+
+    async def run_metrics_batch(self, message: dict[str, Any]) -> None:
+        """Several steps published together (a fast run); the socket still carries one per step."""
+        for item in message["steps"]:
+            await self.send_json({"type": "metrics", "step": item["step"], "values": item["values"]})
 
     async def run_completions(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "completions", "step": message["step"], "items": message["items"]})

@@ -6,8 +6,8 @@ each successful change records a :class:`RunEvent` and is published to the run's
 group ``run-<id>`` after the transaction commits.
 
 Ingest (called in the trainer process by ``worker.reporting.ControlPlaneCallback``) writes one
-``bulk_create`` per logging step, upserting on the natural keys so that a retried or resumed step
-replaces rather than duplicates.
+``bulk_create`` per batch of logging steps (the callback sends at most one batch per ~250 ms),
+upserting on the natural keys so that a retried or resumed step replaces rather than duplicates.
 """
 
 from __future__ import annotations
@@ -380,25 +380,41 @@ def run_event_create(*, run_id: int, kind: str, message: str) -> RunEvent:
 
 # ----------------------------------------------------------------------------------- ingest
 def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -> int:
-    """Store one logging step's metrics in one statement (upsert on (run, name, step)) and publish
-    ``{"type": "run.metrics", "step", "values"}``. Non-numeric values are skipped. Returns the count."""
-    points = [
-        MetricPoint(run_id=run_id, step=step, name=str(name)[:200], value=float(value))
-        for name, value in values.items()
-        if isinstance(value, int | float) and name != "step"
-    ]
-    if not points:
+    """Store one logging step's metrics (see :func:`metric_steps_ingest`). Returns the count."""
+    return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
+
+
+def metric_steps_ingest(*, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]]) -> int:
+    """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
+    publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values"}`` for one
+    step, ``{"type": "run.metrics.batch", "steps": [{"step", "values"}, ...]}`` for several (the
+    websocket consumer forwards each step as its own ``metrics`` message). Non-numeric values are
+    skipped; a name logged twice for one step keeps the later value. Returns the count stored."""
+    by_key: dict[tuple[str, int], MetricPoint] = {}
+    published: dict[int, dict[str, float | None]] = {}
+    for step, values in steps:
+        for name, value in values.items():
+            if not isinstance(value, int | float) or name == "step":
+                continue
+            point = MetricPoint(run_id=run_id, step=step, name=str(name)[:200], value=float(value))
+            by_key[(point.name, step)] = point
+            published.setdefault(step, {})[point.name] = finite_or_none(point.value)
+    if not by_key:
         return 0
     MetricPoint.objects.bulk_create(
-        points, update_conflicts=True, unique_fields=["run", "name", "step"], update_fields=["value"]
+        list(by_key.values()),
+        update_conflicts=True,
+        unique_fields=["run", "name", "step"],
+        update_fields=["value"],
     )
-    message = {
-        "type": "run.metrics",
-        "step": step,
-        "values": {p.name: finite_or_none(p.value) for p in points},
-    }
+    items = [{"step": step, "values": values} for step, values in sorted(published.items())]
+    message = (
+        {"type": "run.metrics", **items[0]}
+        if len(items) == 1
+        else {"type": "run.metrics.batch", "steps": items}
+    )
     transaction.on_commit(lambda: _publish(run_id, message))
-    return len(points)
+    return len(by_key)
 
 
 def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping[str, Any]]) -> int:
