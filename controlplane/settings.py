@@ -39,10 +39,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "channels",
     "controlplane.core",
+    "controlplane.access",
     "controlplane.runs",
 ]
 
@@ -78,6 +78,17 @@ TEMPLATES = [
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Shared by every web process (login failure counts must be, or a limit per process means nothing).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "grpo",
+    }
+}
+GRPO_LOGIN_MAX_FAILURES = int(os.environ.get("GRPO_LOGIN_MAX_FAILURES", "10"))
+GRPO_LOGIN_WINDOW_S = int(os.environ.get("GRPO_LOGIN_WINDOW_S", "300"))
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -98,7 +109,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "controlplane.access.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

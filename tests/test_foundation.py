@@ -106,12 +106,27 @@ def test_docker_compose_file_is_valid():
     compose = shutil.which("docker-compose")
     assert compose, "docker-compose is installed by `scripts/install.sh --system` (make test)"
     result = subprocess.run(
-        [compose, "-f", "docker-compose.yml", "config"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [compose, "-f", "docker-compose.yml", "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SECRET_KEY": "x" * 10 + "compose-config-check-0123456789abcdefghijklmnop"},
     )
     assert result.returncode == 0, result.stderr
     for service in ("postgres:", "redis:", "web:", "worker:", "vllm:"):
         assert service in result.stdout
     assert "VLLM_SERVER_DEV_MODE" in result.stdout and "processed_logprobs" in result.stdout
+    assert "controlplane.settings_production" in result.stdout
+    unset = subprocess.run(
+        [compose, "-f", "docker-compose.yml", "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "SECRET_KEY"},
+    )
+    assert unset.returncode != 0 and "SECRET_KEY" in unset.stderr  # no default secret in deployments
 
 
 def test_serve_command_has_the_spec_flags_on_cpu_and_gpu():

@@ -363,7 +363,7 @@ def test_issue_token_creates_the_user_and_prints_a_working_token():
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token " + token)
     assert client.get("/api/v1/runs/").status_code == 200
-    call_command("issue_token", "ci-bot", stdout=io.StringIO())  # a new token replaces the old one
+    call_command("issue_token", "ci-bot", "--revoke-others", stdout=io.StringIO())  # rotation
     assert client.get("/api/v1/runs/").status_code == 401
 
 

@@ -31,6 +31,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from controlplane.access.services import token_issue  # noqa: F401  (the runs API's callers issue tokens here)
 from controlplane.runs.models import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
@@ -171,16 +172,6 @@ def demo_config() -> dict:
             "disable_tqdm": True,
         },
     }
-
-
-def token_issue(*, username: str) -> str:
-    """A new API token for ``username`` (the user is created when missing; an old token is replaced)."""
-    from rest_framework.authtoken.models import Token
-
-    user, _ = get_user_model().objects.get_or_create(username=username)
-    with transaction.atomic():
-        Token.objects.filter(user=user).delete()
-        return Token.objects.create(user=user).key
 
 
 # ------------------------------------------------------------------------------ user actions

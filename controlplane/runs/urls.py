@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from controlplane.access.views import RateLimitedLoginView
 from controlplane.runs import api, views
 
 web_patterns = [
     path("", views.run_list_view, name="list"),
     path("new/", views.run_create_view, name="create"),
-    path("login/", auth_views.LoginView.as_view(template_name="runs/login.html"), name="login"),
+    path("login/", RateLimitedLoginView.as_view(), name="login"),
     path("compare/", views.run_compare_view, name="compare"),
     path("<int:run_id>/", views.run_detail_view, name="detail"),
     path("<int:run_id>/stop/", views.run_stop_view, name="stop"),

@@ -17,12 +17,10 @@ from channels.security.websocket import OriginValidator
 @database_sync_to_async
 def _user_for_token(key: str) -> Any:
     from django.contrib.auth.models import AnonymousUser
-    from rest_framework.authtoken.models import Token
 
-    token = Token.objects.select_related("user").filter(key=key).first()
-    if token is None or not token.user.is_active:
-        return AnonymousUser()
-    return token.user
+    from controlplane.access.services import token_user
+
+    return token_user(key=key) or AnonymousUser()
 
 
 class QueryTokenAuthMiddleware(BaseMiddleware):
