@@ -1,0 +1,191 @@
+"""Control-plane load, on loopback, bounded in time:
+
+1. metric ingestion sustained for ``--ingest-s`` seconds (default 60) through the service the trainer's
+   reporting callback calls (``metric_steps_ingest``: one upsert statement per batch of steps), from
+   ``--writers`` concurrent writers (threads, each its own connection, each its own run);
+2. the metrics query of a run with ``--query-points`` points (default 100,000 = 50 metrics x 2,000
+   steps): the selector alone and the whole HTTP request through daphne, both layouts;
+3. websocket delivery to ``--viewers`` concurrent viewers of one run (reuses bench/dashboard.py's
+   measurement).
+
+    .venv/bin/python bench/load.py [--ingest-s 60] [--writers 2] [--steps-per-batch 20]
+
+Uses the configured database and Redis; its user and runs are deleted afterwards. Prints one JSON
+object and writes it to bench/results/load-cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+from bench.dashboard import _bench_latency, _free_port, _setup_django, _start_daphne  # noqa: E402
+
+METRICS_PER_STEP = 50
+
+
+def _run(user, name: str):
+    from controlplane.runs.models import Run
+
+    return Run.objects.create(
+        owner=user, name=name, config={"model": "tiny", "args": {}}, config_sha256="0" * 64
+    )
+
+
+def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) -> dict:
+    """Each writer upserts batches of ``steps_per_batch`` steps x 50 metrics into its own run."""
+    from django.db import connection
+
+    from controlplane.runs import services
+
+    names = [f"ns{i % 6}/metric_{i}" for i in range(METRICS_PER_STEP)]
+    runs = [_run(user, f"ingest {i}") for i in range(writers)]
+    counts = [0] * writers
+    batch_s: list[float] = []
+    deadline = time.monotonic() + seconds
+
+    def write(i: int) -> None:
+        step = 0
+        try:
+            while time.monotonic() < deadline:
+                steps = []
+                for _ in range(steps_per_batch):
+                    step += 1
+                    steps.append((step, {n: step * 0.001 + j for j, n in enumerate(names)}))
+                t0 = time.monotonic()
+                counts[i] += services.metric_steps_ingest(run_id=runs[i].pk, steps=steps)
+                batch_s.append(time.monotonic() - t0)
+        finally:
+            connection.close()
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    total = sum(counts)
+    ms = sorted(1000 * s for s in batch_s)
+    return {
+        "seconds": round(elapsed, 1),
+        "writers": writers,
+        "points_per_batch": steps_per_batch * METRICS_PER_STEP,
+        "points": total,
+        "points_per_s": round(total / elapsed),
+        "batch_ms_p50": round(ms[len(ms) // 2], 1),
+        "batch_ms_p95": round(ms[int(len(ms) * 0.95)], 1),
+    }
+
+
+def bench_query(user, base: str, token: str, *, points: int) -> dict:
+    from controlplane.runs import selectors, services
+
+    steps = points // METRICS_PER_STEP
+    run = _run(user, f"query {points}")
+    names = [f"ns{i % 6}/metric_{i}" for i in range(METRICS_PER_STEP)]
+    for start in range(1, steps + 1, 100):
+        services.metric_steps_ingest(
+            run_id=run.pk,
+            steps=[
+                (s, {n: s * 0.001 + j for j, n in enumerate(names)})
+                for s in range(start, min(start + 100, steps + 1))
+            ],
+        )
+
+    def timed(fn, repeat: int = 5) -> float:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(1000 * statistics.median(times), 1)
+
+    def http(layout: str) -> None:
+        request = urllib.request.Request(
+            f"{base}/api/v1/runs/{run.pk}/metrics/?layout={layout}",
+            headers={"Authorization": f"Token {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+
+    return {
+        "points": steps * METRICS_PER_STEP,
+        "selector_points_ms": timed(lambda: selectors.run_metric_series(run=run)),
+        "selector_columns_ms": timed(lambda: selectors.run_metric_columns(run=run)),
+        "http_points_ms": timed(lambda: http("points")),
+        "http_columns_ms": timed(lambda: http("columns")),
+        "http_one_metric_since_step_ms": timed(
+            lambda: urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{base}/api/v1/runs/{run.pk}/metrics/?names=ns0/metric_0&since_step={steps - 100}",
+                    headers={"Authorization": f"Token {token}"},
+                ),
+                timeout=60,
+            ).read()
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ingest-s", type=float, default=60.0)
+    parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--steps-per-batch", type=int, default=20)
+    parser.add_argument("--query-points", type=int, default=100_000)
+    parser.add_argument("--viewers", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=200)
+    args = parser.parse_args()
+
+    _setup_django()
+    from django.contrib.auth import get_user_model
+
+    from controlplane.access.services import token_issue
+
+    user_model = get_user_model()
+    user_model.objects.filter(username="bench-load").delete()
+    user = user_model.objects.create_user(username="bench-load")
+    token = token_issue(username="bench-load")
+    port = _free_port()
+    daphne = _start_daphne(port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        ingest = bench_ingest(
+            user, seconds=args.ingest_s, writers=args.writers, steps_per_batch=args.steps_per_batch
+        )
+        query = bench_query(user, base, token, points=args.query_points)
+        live = _run(user, "viewers")
+        latency = asyncio.run(_bench_latency(base, live.pk, token, args.viewers, args.messages, 10.0))
+    finally:
+        daphne.terminate()
+        daphne.wait(timeout=10)
+        user.delete()
+    result = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "command": "python bench/load.py " + " ".join(sys.argv[1:]),
+        "ingest": ingest,
+        "metrics_query": query,
+        "websocket_latency": latency,
+    }
+    out = REPO / "bench" / "results" / "load-cpu.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
