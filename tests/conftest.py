@@ -132,3 +132,12 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
         yield {"queue": queue, "process": proc}
     finally:
         proc.stop(grace_s=15)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Tests marked ``faults`` restart Postgres and Redis under everyone: they run last (after
+    pytest-django's own ordering, which this hook follows)."""
+    faults = [item for item in items if item.get_closest_marker("faults")]
+    if faults:
+        items[:] = [item for item in items if not item.get_closest_marker("faults")] + faults

@@ -165,7 +165,10 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     run = run_state(run_id)
     assert run.status == RunStatus.RUNNING, (run.status, run.failure_reason, events_text(run_id))
     published = drain(channel)
-    assert any(m["type"] == "run.metrics" and "reward" in m["values"] for m in published), published
+    steps_published = [m for m in published if m["type"] == "run.metrics"] + [
+        item for m in published if m["type"] == "run.metrics.batch" for item in m["steps"]
+    ]
+    assert any("reward" in m["values"] for m in steps_published), published
     assert any(m["type"] == "run.completions" and m["items"] for m in published)
     pgids = [run.vllm_pid, run.trainer_pid]
     assert all(group_members(p) for p in pgids)  # both process groups are alive while running

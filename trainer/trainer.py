@@ -147,6 +147,10 @@ class AsyncGRPOTrainer(Trainer):
         self._start_position = read_rollout_state(checkpoint) if checkpoint else 0
         if self.rollout_dataset is not None and not hasattr(self.rollout_dataset, "__len__"):
             self._start_position = 0  # an IterableDataset cannot seek: restart from its first prompt
+        if checkpoint:
+            logger.warning(
+                "resuming from %s: rollouts start at prompt position %d", checkpoint, self._start_position
+            )
         check_rollout_picklable(self.loop_cls, self.reward_funcs, self.tools, self.environment_factory)
         try:
             return super().train(

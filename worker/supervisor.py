@@ -118,6 +118,7 @@ class RunSupervisor:
         finally:
             trainer_code, vllm_code = self._stop_processes()
             self._record_exits(trainer_code, vllm_code)
+            self._backfill_metrics()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         if lost:
@@ -335,6 +336,15 @@ class RunSupervisor:
                     f"{_group_members(process.pid)}",
                 )
         return codes[0], codes[1]
+
+    def _backfill_metrics(self) -> None:
+        """Steps in metrics.jsonl the trainer's callback had not stored yet (a crash inside its batch
+        window) reach Postgres now; a failure here is logged, never raised (the run must finish)."""
+        try:
+            services.metric_points_backfill(run_id=self.run_id, metrics_file=self.out / "metrics.jsonl")
+        except Exception:
+            logger.warning("run %s: metrics backfill from metrics.jsonl failed", self.run_id, exc_info=True)
+            close_old_connections()
 
     def _record_exits(self, trainer_code: int | None, vllm_code: int | None) -> None:
         for process, code in ((self.trainer, trainer_code), (self.vllm, vllm_code)):

@@ -142,7 +142,10 @@ def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]
     for name, step, value in points.values_list("name", "step", "value"):
         series[name].append((step, finite_or_none(value)))
     config = (run.config.get("args") or {}) if isinstance(run.config, dict) else {}
-    return [d.as_dict() for d in diagnosis.diagnose(series, config=config, window=window)]
+    verdicts = [d.as_dict() for d in diagnosis.diagnose(series, config=config, window=window)]
+    for verdict in verdicts:  # JSON has no NaN/inf
+        verdict["evidence"] = {k: finite_or_none(v) for k, v in verdict["evidence"].items()}
+    return verdicts
 
 
 def metric_names(*, runs: list[Run]) -> list[str]:

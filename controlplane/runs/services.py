@@ -375,7 +375,34 @@ def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -
     return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
 
 
-def metric_steps_ingest(*, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]]) -> int:
+def metric_points_backfill(*, run_id: int, metrics_file: Path, chunk_steps: int = 500) -> int:
+    """Upsert every step of a run's ``metrics.jsonl`` (later lines win, as in the file's own history).
+
+    The supervisor calls it when an attempt ends, whatever the cause: steps the reporting callback
+    had not written yet when its process died (a kill -9 lands inside its ~250 ms batch window) are
+    in the file, which the trainer writes first. Idempotent; not published (nobody waits for it
+    live). Returns the number of steps read.
+    """
+    if not metrics_file.is_file():
+        return 0
+    rows: dict[int, dict[str, Any]] = {}
+    with open(metrics_file, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+                step = int(row["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by the kill
+            rows.setdefault(step, {}).update(row)
+    steps = sorted(rows.items())
+    for start in range(0, len(steps), chunk_steps):
+        metric_steps_ingest(run_id=run_id, steps=steps[start : start + chunk_steps], publish=False)
+    return len(steps)
+
+
+def metric_steps_ingest(
+    *, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]], publish: bool = True
+) -> int:
     """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
     publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values"}`` for one
     step, ``{"type": "run.metrics.batch", "steps": [{"step", "values"}, ...]}`` for several (the
@@ -401,7 +428,8 @@ def metric_steps_ingest(*, run_id: int, steps: Sequence[tuple[int, Mapping[str, 
         if len(items) == 1
         else {"type": "run.metrics.batch", "steps": items}
     )
-    transaction.on_commit(lambda: _publish(run_id, message))
+    if publish:
+        transaction.on_commit(lambda: _publish(run_id, message))
     return len(points)
 
 
