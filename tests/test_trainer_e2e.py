@@ -131,16 +131,22 @@ def test_reward_rises_on_arithmetic_and_metrics_follow_the_spec(vllm_server, tin
         str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=_dataset(2048)
     )
     trainer.train()
-    rows = [r for r in _metrics(tmp_path) if "reward" in r]
-    assert len(rows) == steps
-    missing = [name for name in SPEC_METRICS if name not in rows[-1]]
+    rows = [r for r in _metrics(tmp_path) if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all("perf/step_s" in r and "batch/samples_per_step" in r for r in rows)  # trainer side: every step
+    # Rollout-side metrics (reward, rollout/*, ...) are recorded when the worker scores a group (the
+    # spec's rule): a logging window in which no group finished scoring has none of them. So the
+    # catalogue is checked over the whole run, and reward must be there at nearly every step.
+    missing = [name for name in SPEC_METRICS if not any(name in r for r in rows)]
     assert not missing, missing
-    assert all(r["step"] == i + 1 for i, r in enumerate(rows))
+    rewarded = [r for r in rows if "reward" in r]
+    assert len(rewarded) >= 0.9 * steps, len(rewarded)
     # Each step's reward averages ~300 completions of prompts of mixed difficulty (per-step noise
     # ~0.03), so compare thirds of the run rather than single steps.
     third = steps // 3
-    first = sum(r["reward"] for r in rows[:third]) / third
-    last = sum(r["reward"] for r in rows[-third:]) / third
+    head = [r["reward"] for r in rewarded if r["step"] <= third]
+    tail = [r["reward"] for r in rewarded if r["step"] > steps - third]
+    first, last = sum(head) / len(head), sum(tail) / len(tail)
     print(f"reward first {third} steps {first:.3f} -> last {third} steps {last:.3f}")
     assert last > first + 0.01, (first, last)
 

@@ -6,8 +6,11 @@ Combinations the spec rules out fail here, at construction, with a message namin
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,10 +125,15 @@ class AsyncGRPOConfig(TrainingArguments):
             if isinstance(value, str):
                 try:
                     setattr(self, name, json.loads(value))
-                except json.JSONDecodeError as exc:
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError, too deep, too long
                     raise ValueError(
                         f"{name}: not valid JSON ({exc}); pass a dict or a JSON object string"
-                    ) from exc
+                    ) from None
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(
+                    f"{name}: must be a mapping (or a JSON object string), got {type(value).__name__}"
+                )
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         _validate_ranges(self)
@@ -147,8 +155,9 @@ def _reject_unsupported(args: AsyncGRPOConfig) -> None:
     pc = args.parallelism_config
     if pc is not None:
         for attr in ("cp_size", "sp_size"):
-            size = getattr(pc, attr, 1) or 1
-            if size > 1:
+            # A ParallelismConfig, or the mapping a RUN.yaml document can carry.
+            size = (pc.get(attr, 1) if isinstance(pc, Mapping) else getattr(pc, attr, 1)) or 1
+            if not isinstance(size, int | float) or isinstance(size, bool) or size > 1:
                 raise ValueError(
                     f"parallelism_config.{attr}={size}: context/sequence parallelism is not supported; set it to 1"
                 )
@@ -165,8 +174,28 @@ def _reject_unsupported(args: AsyncGRPOConfig) -> None:
         )
 
 
+# numpy / torch seeds are unsigned 32-bit.
+_SEED_MAX = 2**32 - 1
+
+
 def _validate_ranges(args: AsyncGRPOConfig) -> None:
-    """Field-level checks; each message names the field and the fix."""
+    """Field-level checks; each message names the field and the fix.
+
+    Comparisons are written so that NaN fails them (``not x > 0`` rather than ``x <= 0``).
+    """
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{f.name}={value}: must be a finite number")
+    if not args.learning_rate >= 0:
+        raise ValueError(f"learning_rate={args.learning_rate}: must be >= 0")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name}={getattr(args, name)}: must be >= 1")
+    for name in ("seed", "data_seed"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= _SEED_MAX:
+            raise ValueError(f"{name}={value}: must be in [0, {_SEED_MAX}]")
     if args.dtype not in _DTYPES:
         raise ValueError(f"dtype={args.dtype!r}: must be one of {', '.join(_DTYPES)}")
     if args.num_generations < 2:
@@ -175,7 +204,7 @@ def _validate_ranges(args: AsyncGRPOConfig) -> None:
         )
     if args.max_completion_length < 1:
         raise ValueError(f"max_completion_length={args.max_completion_length}: must be >= 1")
-    if args.temperature <= 0:
+    if not args.temperature > 0:
         raise ValueError(
             f"temperature={args.temperature}: must be > 0 (0 makes every rollout of a group identical)"
         )
@@ -203,9 +232,9 @@ def _validate_ranges(args: AsyncGRPOConfig) -> None:
         raise ValueError(
             f"vllm_server_base_url={args.vllm_server_base_url!r}: must start with http:// or https://"
         )
-    if args.vllm_server_timeout <= 0:
+    if not args.vllm_server_timeout > 0:
         raise ValueError(f"vllm_server_timeout={args.vllm_server_timeout}: must be > 0 seconds")
-    if args.epsilon < 0 or args.epsilon_high < 0:
+    if not (args.epsilon >= 0 and args.epsilon_high >= 0):
         raise ValueError(f"epsilon={args.epsilon}, epsilon_high={args.epsilon_high}: must be >= 0")
     lo, hi = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
     if not 0 <= lo < hi:
@@ -228,9 +257,9 @@ def _validate_ranges(args: AsyncGRPOConfig) -> None:
         raise ValueError(f"max_staleness={args.max_staleness}: must be >= 0")
     if args.weight_sync_steps < 1:
         raise ValueError(f"weight_sync_steps={args.weight_sync_steps}: must be >= 1")
-    if args.rollout_worker_timeout <= 0:
+    if not args.rollout_worker_timeout > 0:
         raise ValueError(f"rollout_worker_timeout={args.rollout_worker_timeout}: must be > 0 seconds")
-    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
+    if args.router_aux_loss_coef is not None and not args.router_aux_loss_coef >= 0:
         raise ValueError(f"router_aux_loss_coef={args.router_aux_loss_coef}: must be >= 0")
     if args.weight_sync_steps > 1 and args.max_staleness < args.weight_sync_steps - 1:
         warnings.warn(

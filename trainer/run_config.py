@@ -12,6 +12,8 @@ trainer CLI.
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,14 +71,14 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
 
     Raises :class:`RunConfigError` with one message per offending field path.
     """
-    from trainer.config import AsyncGRPOConfig
-
     if not isinstance(doc, dict):
         raise RunConfigError({"document": "must be a mapping with keys " + ", ".join(TOP_LEVEL_KEYS)})
     errors: dict[str, str] = {}
     for key in doc:
         if key not in TOP_LEVEL_KEYS:
-            errors[str(key)] = f"unknown key; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+            errors[str(key) or "document"] = (
+                f"unknown key {_short_repr(key)}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+            )
     for key in REQUIRED_KEYS:
         if not doc.get(key):
             errors[key] = "required"
@@ -84,8 +86,10 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
     if model is not None and (not isinstance(model, str) or not model.strip()):
         errors["model"] = "must be a non-empty string (hub id, local directory or 'tiny')"
     dataset = doc.get("train_dataset")
-    if dataset is not None and not isinstance(dataset, str):
-        errors["train_dataset"] = "must be a string (registry name, .jsonl file or datasets directory)"
+    if dataset is not None and (not isinstance(dataset, str) or not dataset.strip()):
+        errors["train_dataset"] = (
+            "must be a non-empty string (registry name, .jsonl file or datasets directory)"
+        )
     if dataset is None and not doc.get("environment_factory"):
         errors.setdefault("train_dataset", "required unless environment_factory provides the prompts")
     reward_funcs = doc.get("reward_funcs") or []
@@ -97,7 +101,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
     for i, path in enumerate(reward_funcs):
         if not _is_dotted_path(path):
             errors[f"reward_funcs[{i}]"] = (
-                f"{path!r} is not a dotted import path like 'package.module.function'"
+                f"{_short_repr(path)} is not a dotted import path like 'package.module.function'"
             )
     if not reward_funcs and not doc.get("environment_factory"):
         errors.setdefault(
@@ -109,13 +113,13 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         tools = []
     for i, path in enumerate(tools):
         if not _is_dotted_path(path):
-            errors[f"tools[{i}]"] = f"{path!r} is not a dotted import path"
+            errors[f"tools[{i}]"] = f"{_short_repr(path)} is not a dotted import path"
     env = doc.get("environment_factory")
     if env is not None:
         if isinstance(env, dict):
             for name, path in env.items():
                 if not _is_dotted_path(path):
-                    errors[f"environment_factory.{name}"] = f"{path!r} is not a dotted import path"
+                    errors[f"environment_factory.{name}"] = f"{_short_repr(path)} is not a dotted import path"
         elif not _is_dotted_path(env):
             errors["environment_factory"] = "must be a dotted import path or a mapping name -> dotted path"
     peft = doc.get("peft_config")
@@ -128,6 +132,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
                     errors[f"peft_config.{key}"] = (
                         f"unknown LoraConfig field; allowed: {', '.join(PEFT_KEYS)}"
                     )
+            errors.update({f"peft_config.{k}": m for k, m in _peft_value_errors(peft).items()})
             targets = peft.get("target_modules")
             if targets == "lm_head" or (isinstance(targets, list) and "lm_head" in targets):
                 errors["peft_config.target_modules"] = "adapters on lm_head are not supported; remove lm_head"
@@ -146,10 +151,13 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
             kwargs = dict(raw_args)
             if output_dir is not None:
                 kwargs["output_dir"] = output_dir
+            from trainer.config import AsyncGRPOConfig  # transformers: imported only when needed
+
             try:
                 config = AsyncGRPOConfig(**kwargs)
-            except (ValueError, TypeError) as exc:
-                errors[_field_of_error(str(exc), raw_args)] = str(exc)
+            except Exception as exc:  # whatever refuses the values, it is the document's fault
+                message = str(exc) or type(exc).__name__
+                errors[_field_of_error(message, raw_args, output_dir=output_dir)] = message
     if errors:
         raise RunConfigError(errors)
     return RunSpec(
@@ -164,10 +172,50 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
 
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+# Integers beyond int64 overflow torch and numpy.
+_INT_LIMIT = 2**63 - 1
+_PEFT_BIAS = ("none", "all", "lora_only")
 
 
-def _scalar_types(annotation: Any) -> tuple[set[type], bool] | None:
-    """The scalar types a field accepts and whether None is allowed; None when not a plain scalar."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
+def _peft_value_errors(peft: dict) -> dict[str, str]:
+    """Types and ranges of the LoraConfig fields a document may set (peft checks them only at training)."""
+    errors: dict[str, str] = {}
+    if "r" in peft and not (
+        isinstance(peft["r"], int) and not isinstance(peft["r"], bool) and 1 <= peft["r"] <= 65536
+    ):
+        errors["r"] = f"must be an integer in [1, 65536], got {_short_repr(peft['r'])}"
+    alpha = peft.get("lora_alpha")
+    if "lora_alpha" in peft and not (_is_number(alpha) and math.isfinite(alpha) and alpha > 0):
+        errors["lora_alpha"] = f"must be a number > 0, got {_short_repr(alpha)}"
+    dropout = peft.get("lora_dropout")
+    if "lora_dropout" in peft and not (_is_number(dropout) and 0 <= dropout < 1):
+        errors["lora_dropout"] = f"must be a number in [0, 1), got {_short_repr(dropout)}"
+    targets = peft.get("target_modules")
+    if targets is not None and not ((isinstance(targets, str) and targets) or _is_str_list(targets)):
+        errors["target_modules"] = "must be a module name pattern or a list of module names"
+    if "bias" in peft and peft["bias"] not in _PEFT_BIAS:
+        errors["bias"] = f"must be one of {', '.join(_PEFT_BIAS)}, got {_short_repr(peft['bias'])}"
+    if "use_rslora" in peft and not isinstance(peft["use_rslora"], bool):
+        errors["use_rslora"] = f"must be true or false, got {_short_repr(peft['use_rslora'])}"
+    to_save = peft.get("modules_to_save")
+    if to_save is not None and not _is_str_list(to_save):
+        errors["modules_to_save"] = "must be a list of module names"
+    return errors
+
+
+def _json_kinds(annotation: Any) -> tuple[set[type], bool, bool] | None:
+    """What JSON a field's annotation accepts: the kinds (bool, int, float, str, dict, list), whether
+    None is allowed and whether list items must be strings; None when the annotation is not
+    understood (then the value is left to AsyncGRPOConfig)."""
+    import enum
     import types
     import typing
 
@@ -176,15 +224,46 @@ def _scalar_types(annotation: Any) -> tuple[set[type], bool] | None:
         if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
         else (annotation,)
     )
-    allowed = {a for a in args if a in _SCALARS}
-    others = [a for a in args if a not in _SCALARS and a is not type(None)]
-    if not allowed or others:
-        return None
-    return allowed, type(None) in args
+    kinds: set[type] = set()
+    str_items = False
+    for arg in args:
+        origin = typing.get_origin(arg) or arg
+        if arg is type(None):
+            continue
+        if arg in _SCALARS:
+            kinds.add(arg)
+        elif origin is typing.Literal:
+            kinds.update(type(v) for v in typing.get_args(arg))
+        elif isinstance(origin, type) and issubclass(origin, enum.Enum):
+            kinds.add(str)
+        elif origin is dict:
+            kinds.add(dict)
+        elif origin is list:
+            kinds.add(list)
+            item = typing.get_args(arg)
+            str_items = bool(item) and (
+                item[0] is str or (isinstance(item[0], type) and issubclass(item[0], str))
+            )
+        elif getattr(arg, "__name__", "") == "ParallelismConfig":
+            kinds.add(dict)  # a document carries it as a mapping
+        else:
+            return None
+    return (kinds, type(None) in args, str_items) if kinds else None
+
+
+_KIND_NAMES = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    dict: "a mapping",
+    list: "a list",
+}
 
 
 def _type_errors(raw_args: dict) -> dict[str, str]:
-    """Type-check scalar ``args`` values against AsyncGRPOConfig's annotations."""
+    """Type-check ``args`` values against AsyncGRPOConfig's annotations (JSON kinds, finite numbers,
+    integers that fit in 64 bits)."""
     import typing
 
     from trainer.config import AsyncGRPOConfig
@@ -192,34 +271,65 @@ def _type_errors(raw_args: dict) -> dict[str, str]:
     hints = typing.get_type_hints(AsyncGRPOConfig)
     errors = {}
     for key, value in raw_args.items():
-        spec = _scalar_types(hints.get(key))
+        spec = _json_kinds(hints.get(key)) if isinstance(key, str) else None
         if spec is None:
             continue
-        allowed, nullable = spec
+        allowed, nullable, str_items = spec
         if value is None:
             if not nullable:
                 errors[key] = "must not be null"
             continue
         ok = (
             (bool in allowed and isinstance(value, bool))
-            or (int in allowed and isinstance(value, int) and not isinstance(value, bool))
-            or (float in allowed and isinstance(value, int | float) and not isinstance(value, bool))
+            or (int in allowed and _is_number(value) and isinstance(value, int))
+            or (float in allowed and _is_number(value))
             or (str in allowed and isinstance(value, str))
+            or (dict in allowed and isinstance(value, dict))
+            or (list in allowed and isinstance(value, list))
         )
         if not ok:
-            expected = " or ".join(_SCALARS[t] for t in (bool, int, float, str) if t in allowed)
-            errors[key] = f"must be {expected}, got {type(value).__name__} {value!r}"
+            expected = " or ".join(name for kind, name in _KIND_NAMES.items() if kind in allowed)
+            errors[key] = f"must be {expected}, got {type(value).__name__} {_short_repr(value)}"
+        elif isinstance(value, float) and not math.isfinite(value):
+            errors[key] = f"must be a finite number, got {value!r}"
+        elif _is_number(value) and isinstance(value, int) and abs(value) > _INT_LIMIT:
+            errors[key] = f"is out of range (|value| must be below 2**63), got {_short_repr(value)}"
+        elif str_items and isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            errors[key] = "must be a list of strings"
     return errors
 
 
-def _field_of_error(message: str, raw_args: dict) -> str:
-    """Best-effort field path for a config error: the first ``args`` key the message names."""
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**60
+        else f"<{value.bit_length()}-bit integer>"
+    )
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _field_of_error(message: str, raw_args: dict, *, output_dir: str | None = None) -> str:
+    """Field path for a config error: the ``args`` key the message names or, when it names none
+    (``"nope is not a valid OptimizerNames"``), the one key that fails on its own."""
+    from trainer.config import AsyncGRPOConfig
+
     head = message.split(":", 1)[0]
-    for key in sorted(raw_args, key=len, reverse=True):
+    keys = [k for k in raw_args if isinstance(k, str)]
+    for key in sorted(keys, key=len, reverse=True):
         if key in head:
             return f"args.{key}"
     for key in sorted(config_field_names(), key=len, reverse=True):
         if head.startswith(key):
+            return f"args.{key}"
+    for key in keys:
+        kwargs = {key: raw_args[key]}
+        if output_dir is not None and key != "output_dir":
+            kwargs["output_dir"] = output_dir
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                AsyncGRPOConfig(**kwargs)
+        except Exception:  # this key alone is refused: it is the culprit
             return f"args.{key}"
     return "args"
 
@@ -228,9 +338,15 @@ def read_run_file(path: str | Path) -> dict:
     """Parse a RUN.yaml file (safe YAML); errors name the file."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RunConfigError({"config": f"cannot read {path}: {exc.strerror}"}) from exc
-    except yaml.YAMLError as exc:
+    except UnicodeDecodeError as exc:
+        raise RunConfigError(
+            {"config": f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})"}
+        ) from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an integer too long to convert
         raise RunConfigError({"config": f"{path} is not valid YAML: {exc}"}) from exc
+    except RecursionError:
+        raise RunConfigError({"config": f"{path} is nested too deeply"}) from None
     return doc

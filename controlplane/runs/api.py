@@ -84,6 +84,9 @@ class RunListCreateApi(APIView):
         responses={201: RunCreatedSerializer, 409: ConflictSerializer},
     )
     def post(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key", "")
+        if "\x00" in key or len(key) > 255:
+            raise ValidationError({"Idempotency-Key": "at most 255 characters, no NUL characters"})
         serializer = RunCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
@@ -91,7 +94,7 @@ class RunListCreateApi(APIView):
                 owner=request.user,
                 name=serializer.validated_data["name"],
                 config=serializer.validated_data["config"],
-                idempotency_key=request.headers.get("Idempotency-Key", ""),
+                idempotency_key=key,
             )
         except RunConfigError as exc:
             raise ValidationError({"config": exc.errors}) from None

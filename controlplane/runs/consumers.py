@@ -70,6 +70,18 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        """Frames that are not JSON text (binary, garbage, nesting too deep) are ignored, not fatal."""
+        if text_data is None:
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            return
+        await self.receive_json(content, **kwargs)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """The stream is one-way; a client's ``{"type": "ping"}`` gets a pong (keep-alive through proxies)."""
         if isinstance(content, dict) and content.get("type") == "ping":
@@ -92,3 +104,11 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_event(self, message: dict[str, Any]) -> None:
         await self.send_json({**message, "type": "event"})
+
+
+class NotFoundConsumer(AsyncJsonWebsocketConsumer):
+    """Any websocket path that is not a run stream: accepted, then closed with 4404."""
+
+    async def connect(self) -> None:
+        await self.accept()
+        await self.close(code=CLOSE_NOT_FOUND)

@@ -13,7 +13,7 @@ from typing import Any
 from django import forms
 
 from controlplane.runs.selectors import MAIN_ARGS
-from controlplane.runs.validation import run_document_validate
+from controlplane.runs.validation import MAX_DOCUMENT_BYTES, run_document_validate
 from trainer import registry
 from trainer.run_config import RunConfigError
 
@@ -74,10 +74,14 @@ class RunForm(forms.Form):
         text = (self.cleaned_data.get("advanced") or "").strip()
         if not text:
             return {}
+        if len(text) > MAX_DOCUMENT_BYTES:
+            raise forms.ValidationError(f"is {len(text)} characters; the limit is {MAX_DOCUMENT_BYTES}")
         try:
             value = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
             raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise forms.ValidationError("not valid JSON: nested too deeply") from None
         if not isinstance(value, dict):
             raise forms.ValidationError("must be a JSON object of AsyncGRPOConfig fields")
         clashes = sorted(set(value) & set(MAIN_ARGS))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import yaml
 from django.urls import reverse
 from rest_framework import serializers
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
 
 from controlplane.runs.models import Checkpoint, CompletionSample, Run, RunEvent
-from controlplane.runs.validation import run_document_validate
+from controlplane.runs.validation import MAX_DOCUMENT_BYTES, run_document_validate
 from trainer.run_config import RunConfigError
 
 
@@ -22,10 +24,16 @@ class RunCreateInputSerializer(serializers.Serializer):
 
     def validate_config(self, value):
         if isinstance(value, str):
+            if len(value) > MAX_DOCUMENT_BYTES:
+                raise serializers.ValidationError(
+                    {"config": f"is {len(value)} characters of YAML; the limit is {MAX_DOCUMENT_BYTES}"}
+                )
             try:
                 value = yaml.safe_load(value)
-            except yaml.YAMLError as exc:
+            except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. an integer too long to parse
                 raise serializers.ValidationError({"config": f"not valid YAML: {exc}"}) from None
+            except RecursionError:
+                raise serializers.ValidationError({"config": "not valid YAML: nested too deeply"}) from None
         try:
             return run_document_validate(document=value)
         except RunConfigError as exc:
@@ -120,9 +128,15 @@ class CheckpointOutputSerializer(serializers.ModelSerializer):
         fields = ["step", "path", "created_at"]
 
 
+# Steps are stored in PositiveIntegerField columns (int32 in Postgres).
+MAX_STEP = 2**31 - 1
+
+
 class MetricsQuerySerializer(serializers.Serializer):
     names = serializers.CharField(required=False, allow_blank=True, help_text="comma-separated metric names")
-    since_step = serializers.IntegerField(required=False, min_value=0, help_text="only steps after this one")
+    since_step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_STEP, help_text="only steps after this one"
+    )
     layout = serializers.ChoiceField(
         choices=["points", "columns"],
         default="points",
@@ -142,8 +156,10 @@ class MetricsOutputSerializer(serializers.Serializer):
 
 
 class CompletionsQuerySerializer(serializers.Serializer):
-    since_step = serializers.IntegerField(required=False, min_value=0)
-    step = serializers.IntegerField(required=False, min_value=0, help_text="only this step")
+    since_step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_STEP, help_text="only this step"
+    )
 
 
 class DiagnosisOutputSerializer(serializers.Serializer):
@@ -153,3 +169,17 @@ class DiagnosisOutputSerializer(serializers.Serializer):
     severity = serializers.ChoiceField(choices=["ok", "info", "warn"])
     evidence = serializers.DictField(child=serializers.FloatField(allow_null=True))
     advice = serializers.CharField()
+
+
+class SafeJSONParser(JSONParser):
+    """DRF's JSON parser, but a body nested too deeply for Python's ``json`` (``[[[[...`` 100k
+    deep, a few hundred KB) is a 400 ``ParseError`` instead of an unhandled ``RecursionError`` (500).
+
+    Installed as the first of ``REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]`` (settings.py).
+    """
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type=media_type, parser_context=parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None

@@ -9,11 +9,16 @@ Two layers, both reported together as ``{field path: message}`` (``args.learning
    the registry (:mod:`trainer.registry`), local model directories and dataset files only under the
    configured roots (no path traversal), and no ``args`` that would let a request pick where the run
    writes, which server it talks to, or make the worker run remote code / reach a hub.
+
+Before both, the document must be plain JSON that Postgres can store (no NaN, NUL or unpaired
+surrogates, string keys), at most :data:`MAX_DOCUMENT_BYTES` long and :data:`MAX_DOCUMENT_DEPTH` levels deep,
+measured without expanding YAML aliases first.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,8 @@ from trainer import registry
 from trainer.run_config import RunConfigError, validate_run_document
 
 MAX_DOCUMENT_BYTES = 64_000
+MAX_DOCUMENT_DEPTH = 32
+MAX_INTEGER = 2**63 - 1  # beyond int64 nothing downstream (torch, numpy) takes it
 
 # Set by the supervisor for every attempt (its own output directory and its own vLLM server).
 CONTROLLED_ARGS = ("output_dir", "vllm_server_base_url", "logging_dir")
@@ -45,21 +52,99 @@ def run_document_validate(*, document: Any) -> dict:
     """
     if not isinstance(document, dict):
         raise RunConfigError({"config": "must be a JSON object (the RUN.yaml document)"})
-    try:
-        size = len(json.dumps(document))
-    except (TypeError, ValueError) as exc:
-        raise RunConfigError({"config": f"must be plain JSON data ({exc})"}) from None
+    # Walk before serialising: a YAML document with aliases can be tiny as text and expand to
+    # gigabytes as JSON, so the walk stops as soon as the size or the depth is over the limit.
+    shape_errors = _json_shape_errors(document)
+    if shape_errors:
+        raise RunConfigError(shape_errors)
+    size = len(json.dumps(document, allow_nan=False))
     if size > MAX_DOCUMENT_BYTES:
         raise RunConfigError({"config": f"is {size} bytes; the limit is {MAX_DOCUMENT_BYTES}"})
     errors = _control_plane_errors(document)
+    environ = dict(os.environ)
     try:
         validate_run_document(document)
     except RunConfigError as exc:
         for path, message in exc.errors.items():
             errors.setdefault(path, message)
+    finally:
+        # TrainingArguments.__post_init__ sets a few ACCELERATE_*/FSDP_* variables; a document
+        # checked in the web process must not change that process's environment.
+        if os.environ != environ:
+            os.environ.clear()
+            os.environ.update(environ)
     if errors:
         raise RunConfigError(errors)
     return document
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _json_shape_errors(document: dict) -> dict[str, str]:
+    """Problems that would make the document unstorable or unsafe to serialise, by field path:
+    not plain JSON (dates, sets, non-string keys), NaN/Infinity, NUL or unpaired surrogates in
+    strings (Postgres ``jsonb`` refuses them), nesting deeper than :data:`MAX_DOCUMENT_DEPTH`, and a
+    size over :data:`MAX_DOCUMENT_BYTES` (counted as the walk goes, aliases included)."""
+    errors: dict[str, str] = {}
+    budget = [MAX_DOCUMENT_BYTES]
+
+    def spend(n: int) -> None:
+        budget[0] -= n
+        if budget[0] < 0:
+            raise _TooBig
+
+    def check_str(value: str, where: str) -> None:
+        spend(len(value) + 2)
+        if "\x00" in value:
+            errors.setdefault(where, "must not contain NUL characters")
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                errors.setdefault(where, "must be valid Unicode text (unpaired surrogate)")
+
+    def walk(value: Any, path: str | None, depth: int) -> None:
+        where = "config" if path is None else path
+        if depth > MAX_DOCUMENT_DEPTH:
+            errors.setdefault(where, f"is nested deeper than {MAX_DOCUMENT_DEPTH} levels")
+            return
+        if value is None or isinstance(value, bool):
+            spend(5)
+        elif isinstance(value, int):
+            spend(value.bit_length() // 3 + 2)
+            if abs(value) > MAX_INTEGER:
+                errors.setdefault(where, "is out of range (integers must be below 2**63 in magnitude)")
+        elif isinstance(value, float):
+            spend(24)
+            if not math.isfinite(value):
+                errors.setdefault(where, f"must be a finite number, got {value}")
+        elif isinstance(value, str):
+            check_str(value, where)
+        elif isinstance(value, list):
+            spend(2)
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]", depth + 1)
+        elif isinstance(value, dict):
+            spend(2)
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    errors.setdefault(where, f"keys must be strings, got {type(key).__name__}")
+                    continue
+                # The path goes back in the error response: NUL and surrogates escaped.
+                name = key.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+                child = (name or "document") if path is None else f"{path}.{name}"
+                check_str(key, child)
+                walk(item, child, depth + 1)
+        else:
+            errors.setdefault(where, f"must be plain JSON data, got {type(value).__name__}")
+
+    try:
+        walk(document, None, 0)
+    except _TooBig:
+        return {"config": f"is larger than the limit of {MAX_DOCUMENT_BYTES} bytes"}
+    return errors
 
 
 def _control_plane_errors(doc: dict) -> dict[str, str]:
@@ -118,6 +203,8 @@ def _local_path_error(value: str, roots: list[str], setting: str, what: str) -> 
     registered = ", ".join(registry.MODELS if what == "model" else registry.DATASETS)
     if not roots:
         return f"{value!r} is not a registered {what} ({registered}); local paths need {setting}"
+    if "\x00" in value:
+        return f"local {what} paths must not contain NUL characters"
     path = Path(value)
     if ".." in path.parts or not path.is_absolute():
         return f"{value!r}: local {what} paths must be absolute and must not contain '..'"
@@ -152,7 +239,7 @@ def _args_errors(args: dict) -> dict[str, str]:
     if isinstance(kwargs, str):
         try:
             kwargs = json.loads(kwargs)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             kwargs = None  # AsyncGRPOConfig reports the JSON error itself
     if isinstance(kwargs, dict):
         for key in kwargs:
