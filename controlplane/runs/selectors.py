@@ -82,20 +82,15 @@ def run_metric_series(
 ) -> dict[str, list[dict[str, Any]]]:
     """``{name: [{"step", "value"}, ...]}`` ordered by step; only steps > ``since_step``.
 
-    Served by the (run, name, step) unique index. Non-finite values come back as None.
+    Built from :func:`run_metric_columns` (arrays aggregated in Postgres). Non-finite values are None.
     """
-    points = MetricPoint.objects.filter(run=run)
-    if names:
-        points = points.filter(name__in=names)
-    if since_step is not None:
-        points = points.filter(step__gt=since_step)
-    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for name, step, value in points.order_by("name", "step").values_list("name", "step", "value"):
-        series[name].append({"step": step, "value": finite_or_none(value)})
-    if names:
-        for name in names:
-            series.setdefault(name, [])
-    return dict(series)
+    columns = run_metric_columns(run=run, names=names, since_step=since_step)
+    return {
+        name: [
+            {"step": step, "value": value} for step, value in zip(col["steps"], col["values"], strict=True)
+        ]
+        for name, col in columns.items()
+    }
 
 
 def run_metric_columns(
