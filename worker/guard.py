@@ -1,4 +1,4 @@
-"""``python -m worker.guard -- ARGV...``: run ARGV, and take its whole process group down if the
+"""``python -m worker.guard [--parent PID] -- ARGV...``: run ARGV, and take its whole process group down if the
 guard's parent (the run supervisor) dies without stopping it.
 
 The supervisor starts the vLLM server and the trainer through this guard, each in a new session
@@ -42,14 +42,29 @@ def _take_down_group(child: subprocess.Popen, grace_s: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a SIGKILLed process is one until it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> int:
+    # The supervisor names itself (--parent PID): the parent this process sees at start is not always
+    # the supervisor (measured under Celery's prefork pool: getppid() was already 1 here).
+    parent = None
+    if len(argv) >= 2 and argv[0] == "--parent":
+        parent, argv = int(argv[1]), argv[2:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print("usage: python -m worker.guard -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m worker.guard [--parent PID] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     grace_s = float(os.environ.get("GRPO_GUARD_GRACE_S", "10"))
-    parent = os.getppid()
+    if parent is None:
+        parent = os.getppid()
     child = subprocess.Popen(argv)
     # Group signals reach the child directly; the guard outlives it to report its status.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -57,7 +72,7 @@ def main(argv: list[str]) -> int:
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
             return exit_status(child.wait(timeout=POLL_S))
-        if os.getppid() != parent:
+        if not _alive(parent):
             print(f"worker.guard: supervisor {parent} is gone; stopping process group", file=sys.stderr)
             _take_down_group(child, grace_s)
             return exit_status(child.wait())

@@ -235,7 +235,7 @@ class RunSupervisor:
             "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
         }
         full_env.update(env or {})
-        guarded = [sys.executable, "-m", "worker.guard", "--", *argv]
+        guarded = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", *argv]
         return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
 
     def _watch(self) -> None:
