@@ -83,44 +83,27 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> VLLMServer:
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
-    """A real Celery worker subprocess, consuming a queue unique to this test session.
-
-    It talks to the test database (``DATABASE_URL`` is pointed at pytest-django's test DB), so tests
-    that need it must commit their data (``transaction=True``).
-    """
+def subprocess_database_url() -> str:
+    """``DATABASE_URL`` of pytest-django's test database (for subprocesses: workers, daphne)."""
     from django.conf import settings
     from django.db import connection
 
-    from worker.processes import ManagedProcess, wait_for
-
-    queue = f"test-{os.getpid()}"
     db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env["DATABASE_URL"] = (
+    return (
         f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
         f"{connection.settings_dict['NAME']}"
     )
-    env["GRPO_TEST_QUEUE"] = queue
-    log = tmp_path_factory.mktemp("celery") / "worker.log"
-    argv = [
-        PYTHON,
-        "-m",
-        "celery",
-        "-A",
-        "worker",
-        "worker",
-        "-Q",
-        queue,
-        "-c",
-        "2",
-        "--loglevel",
-        "INFO",
-        "-n",
-        f"{queue}@%h",
-    ]
-    proc = ManagedProcess("celery", argv, env=env, cwd=REPO, log_path=log).start()
+
+
+def start_celery_worker(queue: str, log_path: Path, *, concurrency: int = 2):
+    """A real Celery worker subprocess on the test database, consuming ``queue``; returns once it is
+    ready (a ``ManagedProcess``; the caller stops it)."""
+    from worker.processes import ManagedProcess, wait_for
+
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_TEST_QUEUE": queue}
+    argv = [PYTHON, "-m", "celery", "-A", "worker", "worker", "-Q", queue, "-c", str(concurrency)]
+    argv += ["--loglevel", "INFO", "-n", f"{queue}@%h"]
+    proc = ManagedProcess("celery", argv, env=env, cwd=REPO, log_path=log_path).start()
     try:
         wait_for(
             lambda: "ready" in proc.log_tail(50) or proc.poll() is not None,
@@ -129,6 +112,22 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
         )
         if proc.poll() is not None:
             raise RuntimeError(f"celery worker exited:\n{proc.log_tail(40)}")
+    except BaseException:
+        proc.stop(grace_s=5)
+        raise
+    return proc
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
+    """A real Celery worker subprocess, consuming a queue unique to this test session.
+
+    It talks to the test database (``DATABASE_URL`` is pointed at pytest-django's test DB), so tests
+    that need it must commit their data (``transaction=True``).
+    """
+    queue = f"test-{os.getpid()}"
+    proc = start_celery_worker(queue, tmp_path_factory.mktemp("celery") / "worker.log")
+    try:
         yield {"queue": queue, "process": proc}
     finally:
         proc.stop(grace_s=15)

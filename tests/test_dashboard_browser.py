@@ -11,12 +11,10 @@ import os
 import shutil
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from controlplane.runs.models import Run, RunStatus
-from tests.conftest import PYTHON, REPO, free_port, http_ok
+from tests.conftest import PYTHON, REPO, free_port, http_ok, subprocess_database_url
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -26,12 +24,7 @@ def web_server(celery_worker_process, transactional_db, tmp_path):
     """daphne serving ``controlplane.asgi`` on the test database; runs go to the test worker's queue."""
     from worker.processes import ManagedProcess, wait_for
 
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env["DATABASE_URL"] = (
-        f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
-        f"{connection.settings_dict['NAME']}"
-    )
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     env["GRPO_RUNS_QUEUE"] = celery_worker_process["queue"]
     port = free_port()
     argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]

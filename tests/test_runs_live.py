@@ -34,6 +34,7 @@ from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunStatus
 from tests.conftest import REPO
 from tests.test_runs_guard import group_members
+from worker.processes import wait_for
 
 # The session's Celery worker copies this process's environment when it starts (after collection):
 # runs get vLLM ports from this helper's range and output directories under a scratch folder.
@@ -93,16 +94,6 @@ class Gate:
         return "\n".join(self.lines)
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def run_state(run_id: int) -> Run:
     return Run.objects.select_related("resumed_from").get(pk=run_id)
 
@@ -149,7 +140,9 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     # 1. The gate creates the run through the API.
     gate = Gate("--config", str(config), "--metric", "reward", "--min", "0", *common)
     match = wait_for(
-        lambda: re.search(r"run (\d+) created", gate.output), 60, f"the gate to create a run:\n{gate.output}"
+        lambda: re.search(r"run (\d+) created", gate.output),
+        timeout_s=60,
+        what=f"the gate to create a run:\n{gate.output}",
     )
     run_id = int(match.group(1))
     # A named (not process-local "!") channel: receivable from any event loop async_to_sync makes.
@@ -159,8 +152,8 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     # 2. Stop it mid-run (after its first checkpoint).
     wait_for(
         lambda: Checkpoint.objects.filter(run_id=run_id).exists() or run_state(run_id).is_terminal,
-        480,
-        "the first checkpoint",
+        timeout_s=480,
+        what="the first checkpoint",
     )
     run = run_state(run_id)
     assert run.status == RunStatus.RUNNING, (run.status, run.failure_reason, events_text(run_id))
@@ -174,7 +167,7 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     assert all(group_members(p) for p in pgids)  # both process groups are alive while running
     response = api.post(f"/api/v1/runs/{run_id}/stop/")
     assert response.status_code == 202 and response.json()["status"] == "stopping"
-    wait_for(lambda: run_state(run_id).is_terminal, 60, "the stop")
+    wait_for(lambda: run_state(run_id).is_terminal, timeout_s=60, what="the stop")
     run = run_state(run_id)
     assert run.status == RunStatus.STOPPED, (run.status, run.failure_reason, events_text(run_id))
     assert [p for p in pgids if group_members(p)] == [], "processes of the stopped run are left"
@@ -188,7 +181,7 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     # 3. Resume: attempt 2 starts from the latest checkpoint and completes.
     response = api.post(f"/api/v1/runs/{run_id}/resume/")
     assert response.status_code == 202, response.content
-    wait_for(lambda: run_state(run_id).is_terminal, 480, "the resumed run to finish")
+    wait_for(lambda: run_state(run_id).is_terminal, timeout_s=480, what="the resumed run to finish")
     run = run_state(run_id)
     assert run.status == RunStatus.COMPLETED, (run.status, run.failure_reason, events_text(run_id))
     assert run.attempt == 2 and run.resumed_from is not None and run.resumed_from.step >= 2

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 @dataclass
@@ -94,11 +94,13 @@ def stop_all(processes: list[ManagedProcess], grace_s: float = 10.0) -> None:
         process.stop(grace_s=grace_s)
 
 
-def wait_for(predicate, *, timeout_s: float, interval_s: float = 0.5, what: str = "condition") -> None:
-    """Poll ``predicate()`` until true; raise ``TimeoutError`` naming ``what`` after ``timeout_s``."""
+def wait_for(predicate, *, timeout_s: float, interval_s: float = 0.5, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until it returns something true, and return that; raise ``TimeoutError``
+    naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        value = predicate()
+        if value:
+            return value
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")

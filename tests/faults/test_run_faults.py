@@ -34,6 +34,7 @@ from django.db import connection
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 from tests.test_runs_guard import group_members
+from worker.processes import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
 
@@ -55,16 +56,6 @@ RUN_DOC = {
         "disable_tqdm": True,
     },
 }
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def run_state(run_id: int) -> Run:
@@ -94,7 +85,12 @@ def kill_and_time_detection(run_id: int, pgid: int) -> float:
     """SIGKILL the guarded process of group ``pgid``; seconds until the run is terminal."""
     os.kill(child_of_guard(pgid), signal.SIGKILL)
     killed = time.monotonic()
-    wait_for(lambda: run_state(run_id).is_terminal, 60, "the control plane to notice")
+    wait_for(
+        lambda: run_state(run_id).is_terminal,
+        timeout_s=60,
+        what="the control plane to notice",
+        interval_s=0.1,
+    )
     return time.monotonic() - killed
 
 
@@ -124,8 +120,8 @@ def bounce_redis(down_s: float = 3.0) -> None:
     )  # fmt: skip
     wait_for(
         lambda: subprocess.run(["redis-cli", "-p", "6379", "ping"], capture_output=True).returncode == 0,
-        30,
-        "Redis to come back",
+        timeout_s=30,
+        what="Redis to come back",
     )
 
 
@@ -151,19 +147,21 @@ def test_trainer_and_vllm_killed_services_restarted_run_survives_and_resumes(
     # 1. kill -9 the trainer after the first checkpoint.
     wait_for(
         lambda: Checkpoint.objects.filter(run_id=run.pk).exists() or run_state(run.pk).is_terminal,
-        600,
-        "ckpt",
+        timeout_s=600,
+        what="ckpt",
     )
     run = run_state(run.pk)
     assert run.status == RunStatus.RUNNING, (run.status, run.failure_reason)
-    wait_for(lambda: last_step(run.pk) >= 3, 300, "step 3")
+    wait_for(lambda: last_step(run.pk) >= 3, timeout_s=300, what="step 3")
     groups = [run.trainer_pid, run.vllm_pid]
     timings["trainer_kill_detect_s"] = kill_and_time_detection(run.pk, run.trainer_pid)
     run = run_state(run.pk)
     assert run.status == RunStatus.FAILED
     assert "trainer exited" in run.failure_reason and "SIGKILL" in run.failure_reason, run.failure_reason
     assert timings["trainer_kill_detect_s"] < DETECT_S
-    wait_for(lambda: not any(group_members(g) for g in groups), 30, "no process left of attempt 1")
+    wait_for(
+        lambda: not any(group_members(g) for g in groups), timeout_s=30, what="no process left of attempt 1"
+    )
     written = jsonl_steps(run.output_dir)
     stored = dict(MetricPoint.objects.filter(run_id=run.pk, name="reward").values_list("step", "value"))
     assert stored == pytest.approx(written)  # every completed step, once, with the trainer's value
@@ -175,22 +173,28 @@ def test_trainer_and_vllm_killed_services_restarted_run_survives_and_resumes(
     services.run_resume(run=run)
     wait_for(
         lambda: run_state(run.pk).status == RunStatus.RUNNING or run_state(run.pk).is_terminal,
-        600,
-        "attempt 2",
+        timeout_s=600,
+        what="attempt 2",
     )
     run = run_state(run.pk)
     assert run.status == RunStatus.RUNNING and run.attempt == 2, (run.status, run.failure_reason)
     assert run.resumed_from.step == int(latest.name.split("-")[1])
     log = next(Path(run.output_dir).rglob("trainer.attempt-2.log"))
-    wait_for(lambda: "rollouts start at prompt position" in log.read_text(), 120, "the resume line")
+    wait_for(
+        lambda: "rollouts start at prompt position" in log.read_text(), timeout_s=120, what="the resume line"
+    )
     assert f"rollouts start at prompt position {position}" in log.read_text()
 
     # Postgres restarted and Redis shut down mid-run: training goes on.
-    wait_for(lambda: last_step(run.pk) > run.resumed_from.step, 300, "a step of attempt 2")
+    wait_for(lambda: last_step(run.pk) > run.resumed_from.step, timeout_s=300, what="a step of attempt 2")
     before = last_step(run.pk)
     restart_postgres()
     bounce_redis()
-    wait_for(lambda: last_step(run.pk) >= before + 3, 300, "steps after Postgres and Redis came back")
+    wait_for(
+        lambda: last_step(run.pk) >= before + 3,
+        timeout_s=300,
+        what="steps after Postgres and Redis came back",
+    )
     assert run_state(run.pk).status == RunStatus.RUNNING
 
     # 3. kill -9 the vLLM server.
@@ -201,7 +205,9 @@ def test_trainer_and_vllm_killed_services_restarted_run_survives_and_resumes(
     assert run.status == RunStatus.FAILED
     assert "vLLM server" in run.failure_reason, run.failure_reason
     assert timings["vllm_kill_detect_s"] < DETECT_S
-    wait_for(lambda: not any(group_members(g) for g in groups), 30, "no process left of attempt 2")
+    wait_for(
+        lambda: not any(group_members(g) for g in groups), timeout_s=30, what="no process left of attempt 2"
+    )
     written = jsonl_steps(run.output_dir)
     stored = dict(MetricPoint.objects.filter(run_id=run.pk, name="reward").values_list("step", "value"))
     assert (

@@ -17,12 +17,12 @@ import time
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunStatus
-from tests.conftest import PYTHON, REPO
+from tests.conftest import start_celery_worker
 from tests.test_runs_guard import group_members
+from worker.processes import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
 
@@ -54,58 +54,21 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_killed_worker_takes_the_runs_processes_down_and_the_run_is_failed(
     django_db_setup, tiny_model_dir, tmp_path, monkeypatch
 ):
-    from worker.processes import ManagedProcess
-
     queue = f"faults-{os.getpid()}"
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env["DATABASE_URL"] = (
-        f"postgres://{db.get('USER') or 'postgres'}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/"
-        f"{connection.settings_dict['NAME']}"
-    )
-    argv = [
-        PYTHON,
-        "-m",
-        "celery",
-        "-A",
-        "worker",
-        "worker",
-        "-Q",
-        queue,
-        "-c",
-        "1",
-        "--loglevel",
-        "INFO",
-        "-n",
-        f"{queue}@%h",
-    ]
-    worker = ManagedProcess(
-        "celery-faults", argv, env=env, cwd=REPO, log_path=tmp_path / "worker.log"
-    ).start()
+    worker = start_celery_worker(queue, tmp_path / "worker.log", concurrency=1)
     try:
-        wait_for(lambda: "ready" in worker.log_tail(50) or worker.poll() is not None, 90, "the worker")
         monkeypatch.setattr(settings, "GRPO_RUNS_QUEUE", queue)
         monkeypatch.setattr(settings, "GRPO_RUN_STALE_AFTER_S", STALE_AFTER_S)
         owner = get_user_model().objects.create_user(username="worker-faults")
         run, _ = services.run_create(owner=owner, name="worker killed", config=RUN_DOC)
         run = wait_for(
             lambda: (r := Run.objects.get(pk=run.pk)).vllm_pid and group_members(r.vllm_pid) and r,
-            120,
-            "the run's vLLM server to start",
+            timeout_s=120,
+            what="the run's vLLM server to start",
         )
         groups = [g for g in (run.vllm_pid, run.trainer_pid) if g]
         # The worker's own processes (main + pool child running the supervisor), not the run's groups:
@@ -115,13 +78,17 @@ def test_killed_worker_takes_the_runs_processes_down_and_the_run_is_failed(
         for pid in own:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: not any(group_members(g) for g in groups), 30, "the run's processes to go down")
+        wait_for(
+            lambda: not any(group_members(g) for g in groups),
+            timeout_s=30,
+            what="the run's processes to go down",
+        )
         orphans_gone_s = time.monotonic() - killed
         # The next read after the heartbeat is STALE_AFTER_S old marks the run failed.
         wait_for(
             lambda: services.runs_fail_stale() or Run.objects.get(pk=run.pk).is_terminal,
-            STALE_AFTER_S + 30,
-            "the stale check",
+            timeout_s=STALE_AFTER_S + 30,
+            what="the stale check",
             interval_s=0.5,
         )
         detected_s = time.monotonic() - killed
