@@ -79,7 +79,7 @@ def run_document_validate(*, document: Any) -> dict:
 
 
 class _TooBig(Exception):
-    pass
+    """Raised inside the bounded walk to stop it at the first size or depth over the limit."""
 
 
 def _json_shape_errors(document: dict) -> dict[str, str]:
