@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
+from trainer.fused_head import fused_head_weight, lm_head_bypassed
 from trainer.loss import LossConfig, packed_row_loss
+from trainer.modeling import compile_pointwise_modules
 from trainer.packing import PackedRow, TokenBudgetBatcher, pack_row
 from trainer.perf import peak_flops, training_flops
 from trainer.rollout.types import TrainingSequence
@@ -213,30 +216,82 @@ def make_padded(samples: list[TrainingSequence], row: PackedRow) -> PaddedBatch:
     return PaddedBatch(ids, attn, keep, logit_rows, row)
 
 
-def tree_step(model, row: PackedRow, device: torch.device, loss_config: LossConfig, backend: str) -> None:
+def _head(model, device: torch.device, fused: bool):
+    """(context, weight): the trainer's choice of LM head (fused with the loss where the model allows)."""
+    weight = fused_head_weight(model, device) if fused else None
+    return (lm_head_bypassed(model) if weight is not None else nullcontext()), weight
+
+
+def tree_step(
+    model, row: PackedRow, device: torch.device, loss_config: LossConfig, backend: str, fused: bool = True
+) -> None:
     """Forward + backward of one packed row, as ``AsyncGRPOTrainer.compute_loss`` does it."""
     row = row.to(device)
     keep, logit_rows = row.logits_to_keep()
-    outputs = model(**tree_forward_kwargs(row, device, backend=backend), logits_to_keep=keep)
+    head, weight = _head(model, device, fused)
+    with head:
+        outputs = model(**tree_forward_kwargs(row, device, backend=backend), logits_to_keep=keep)
     out = packed_row_loss(
         outputs.logits,
         row,
         config=loss_config,
         num_trained_tokens=float(row.num_trained_tokens),
         logit_rows=logit_rows,
+        lm_head_weight=weight,
     )
     out.loss.backward()
 
 
-def padded_step(model, batch: PaddedBatch, device: torch.device, loss_config: LossConfig) -> None:
+def head_agreement(model, row: PackedRow, device: torch.device, loss_config: LossConfig) -> dict[str, float]:
+    """Fused vs the model's own head on one row: relative difference of the loss and of all gradients.
+
+    Run once per shape on the real device (the fused path's compiled kernels exist only on CUDA).
+    """
+    losses, grads = [], []
+    for fused in (False, False, True):  # the model's head twice: the run-to-run noise floor
+        model.zero_grad(set_to_none=True)
+        row_d = row.to(device)
+        keep, logit_rows = row_d.logits_to_keep()
+        head, weight = _head(model, device, fused)
+        with head:
+            outputs = model(**tree_forward_kwargs(row_d, device), logits_to_keep=keep)
+        out = packed_row_loss(
+            outputs.logits,
+            row_d,
+            config=loss_config,
+            num_trained_tokens=float(row.num_trained_tokens),
+            logit_rows=logit_rows,
+            lm_head_weight=weight,
+        )
+        out.loss.backward()
+        losses.append(float(out.loss.detach()))
+        grads.append(torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None]))
+        del outputs, out
+    model.zero_grad(set_to_none=True)
+    fused_used = _head(model, device, True)[1] is not None
+    norm = grads[0].norm().clamp_min(1e-30)
+    return {
+        "fused_head_used": fused_used,
+        "loss_model_head": losses[0],
+        "loss_fused_head": losses[2],
+        "grad_rel_diff": float((grads[2] - grads[0]).norm() / norm),
+        "grad_rel_diff_model_head_rerun": float((grads[1] - grads[0]).norm() / norm),
+    }
+
+
+def padded_step(
+    model, batch: PaddedBatch, device: torch.device, loss_config: LossConfig, fused: bool = True
+) -> None:
     """Forward + backward of one padded batch with standard attention and the same loss."""
     row = batch.row.to(device)
-    outputs = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        use_cache=False,
-        logits_to_keep=batch.keep.to(device),
-    )
+    head, weight = _head(model, device, fused)
+    with head:
+        outputs = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention_mask.to(device),
+            use_cache=False,
+            logits_to_keep=batch.keep.to(device),
+        )
     logits = outputs.logits.reshape(-1, outputs.logits.shape[-1])
     out = packed_row_loss(
         logits,
@@ -244,6 +299,7 @@ def padded_step(model, batch: PaddedBatch, device: torch.device, loss_config: Lo
         config=loss_config,
         num_trained_tokens=float(row.num_trained_tokens),
         logit_rows=batch.logit_rows.to(device),
+        lm_head_weight=weight,
     )
     out.loss.backward()
 
@@ -306,8 +362,10 @@ def matmul_ceiling(device: torch.device, size: int = 8192, reps: int = 10) -> fl
     return 2.0 * size**3 * reps / (start.elapsed_time(end) / 1e3)
 
 
-def build_model(shape: str, device: torch.device) -> Qwen3ForCausalLM:
-    """Random-init Qwen3 of ``shape`` in bf16 with gradient checkpointing, in train mode."""
+def build_model(
+    shape: str, device: torch.device, checkpointing: bool = True, compile_pointwise: bool = False
+) -> Qwen3ForCausalLM:
+    """Random-init Qwen3 of ``shape`` in bf16 (gradient checkpointing unless told), in train mode."""
     torch.manual_seed(0)
     config = Qwen3Config(
         **SHAPES[shape],
@@ -319,7 +377,10 @@ def build_model(shape: str, device: torch.device) -> Qwen3ForCausalLM:
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
     model = model.to(torch.bfloat16)
-    model.gradient_checkpointing_enable()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    if compile_pointwise:
+        compile_pointwise_modules(model)
     model.train()
     return model
 
@@ -354,7 +415,7 @@ def run_config(
         bucket = None
 
         def step():
-            padded_step(model, batch, device, loss_config)
+            padded_step(model, batch, device, loss_config, fused=args.head == "fused")
 
     else:
         model.set_attn_implementation(TREE_ATTENTION)
@@ -364,7 +425,7 @@ def run_config(
         bucket = padded_length(row.num_tokens)
 
         def step():
-            tree_step(model, row, device, loss_config, backend)
+            tree_step(model, row, device, loss_config, backend, fused=args.head == "fused")
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -444,8 +505,22 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (shape, workload): trained tokens/s of each layout and the two speedups."""
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results:
-        key = (r["shape"], r["workload"])
-        entry = table.setdefault(key, {"shape": r["shape"], "workload": r["workload"]})
+        variant = (
+            r.get("lm_head", "model"),
+            r.get("gradient_checkpointing", True),
+            r.get("compile_pointwise", False),
+        )
+        key = (r["shape"], r["workload"], *variant)
+        entry = table.setdefault(
+            key,
+            {
+                "shape": r["shape"],
+                "workload": r["workload"],
+                "lm_head": variant[0],
+                "gradient_checkpointing": variant[1],
+                "compile_pointwise": variant[2],
+            },
+        )
         entry[f"{r['mode']}_tokens_per_s"] = r["trained_tokens_per_s"]
         entry[f"{r['mode']}_mfu"] = r["fwd_bwd_mfu"]
         entry[f"{r['mode']}_peak_memory_gib"] = r["peak_memory_gib"]
@@ -467,16 +542,18 @@ def _fmt(value, spec: str) -> str:
 def markdown_table(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (tokens/s in thousands)."""
     lines = [
-        "| shape | target ratio | measured ratio | tree ktok/s | padding-free ktok/s | padded ktok/s "
+        "| shape | head, GC, compiled | target ratio | measured ratio | tree ktok/s | padding-free ktok/s | padded ktok/s "
         "| tree / padding-free | padding-free / padded | MFU tree / pf / padded | peak GiB tree / pf / padded |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary:
         tps = [e.get(f"{m}_tokens_per_s") for m in MODES]
         mfu = " / ".join(_fmt(e.get(f"{m}_mfu") and 100 * e[f"{m}_mfu"], ".1f") + "%" for m in MODES)
         mem = " / ".join(_fmt(e.get(f"{m}_peak_memory_gib"), ".1f") for m in MODES)
         lines.append(
-            f"| {e['shape']} | {e['workload']} | {_fmt(e.get('packing_ratio'), '.2f')} | "
+            f"| {e['shape']} | {e.get('lm_head', 'model')}, {'on' if e.get('gradient_checkpointing', True) else 'off'}"
+            f", {'yes' if e.get('compile_pointwise') else 'no'}"
+            f" | {e['workload']} | {_fmt(e.get('packing_ratio'), '.2f')} | "
             + " | ".join(_fmt(t and t / 1e3, ".1f") for t in tps)
             + f" | {_fmt(e['speedup_tree_vs_padding_free'], '.2f')}x"
             f" | {_fmt(e['speedup_padding_free_vs_padded'], '.2f')}x | {mfu} | {mem} |"
@@ -508,6 +585,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--time-budget", type=float, default=float("inf"), help="skip configs started after this many seconds"
     )
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--head",
+        choices=("fused", "model"),
+        default="fused",
+        help="fused: the LM head fused with the loss, as the trainer runs it; model: the model's own head",
+    )
+    parser.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on")
+    parser.add_argument(
+        "--compile-pointwise",
+        action="store_true",
+        help="torch.compile the norm and MLP blocks (trainer.modeling.compile_pointwise_modules)",
+    )
+    parser.add_argument(
+        "--check-head",
+        action="store_true",
+        help="first compare the fused head's loss and gradients with the model's",
+    )
     return parser.parse_args(argv)
 
 
@@ -526,7 +620,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "dtype": "bfloat16 weights, AdamW (fused on CUDA), gradient checkpointing",
+            "dtype": "bfloat16 weights, AdamW (fused on CUDA)",
+            "gradient_checkpointing": args.gradient_checkpointing == "on",
+            "lm_head": args.head,
+            "compile_pointwise": args.compile_pointwise,
             "token_budget": args.token_budget,
             "warmup_steps": args.warmup,
             "timed_steps": args.steps,
@@ -538,6 +635,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": [],
         "skipped": [],
         "errors": [],
+        "head_agreement": {},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     model, model_shape = None, None
@@ -551,18 +649,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            model, model_shape = build_model(shape, device), shape
+            model, model_shape = (
+                build_model(shape, device, args.gradient_checkpointing == "on", args.compile_pointwise),
+                shape,
+            )
         t0 = time.perf_counter()
         key = (workload_name, SHAPES[shape]["vocab_size"])
         if key not in prepared:  # shapes with one vocabulary share the inputs
             prepared[key] = prepare(workload, SHAPES[shape]["vocab_size"], args.token_budget, args.seed)
         data = prepared[key]
         prep_s = time.perf_counter() - t0
+        if args.check_head and shape not in report["head_agreement"]:
+            report["head_agreement"][shape] = head_agreement(model, data["tree"], device, loss_config)
+            print(f"{shape} fused vs model head: {report['head_agreement'][shape]}", flush=True)
         for mode in MODES:
             record = measure(model, mode, data, device, args, loss_config, report)
             if record is None:
                 continue
-            record.update(shape=shape, workload=workload_name, prepare_s=prep_s)
+            record.update(
+                shape=shape,
+                workload=workload_name,
+                prepare_s=prep_s,
+                lm_head=args.head,
+                gradient_checkpointing=args.gradient_checkpointing == "on",
+                compile_pointwise=args.compile_pointwise,
+            )
             report["results"].append(record)
             print(
                 f"[{time.perf_counter() - started:6.1f}s] {shape} ratio~{workload_name} {mode:12s} "

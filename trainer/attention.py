@@ -22,6 +22,7 @@ Paths:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +143,9 @@ def _flex_attention():
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(dynamo_config, name):
                 setattr(dynamo_config, name, max(getattr(dynamo_config, name), _FLEX_RECOMPILE_LIMIT))
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        # GRPO_FLEX_COMPILE_MODE=max-autotune-no-cudagraphs searches kernel tilings (minutes per bucket).
+        mode = os.environ.get("GRPO_FLEX_COMPILE_MODE") or None
+        _compiled_flex = torch.compile(flex_attention, dynamic=False, mode=mode)
     return _compiled_flex
 
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
+from trainer.fused_head import fused_head_logits
+
 
 @dataclass(frozen=True)
 class LossConfig:
@@ -98,19 +100,12 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, _CHUNK_BYTES // (4 * vocab))
 
 
-def _candidate_logsumexp(
-    logits: torch.Tensor, candidate_ids: torch.Tensor, candidate_token: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """(N,) log-sum-exp of each row of ``logits / temperature`` over its candidate ids (-inf without any).
-
-    Reads only the M candidate entries, never whole rows.
-    """
-    vals = logits[candidate_token, candidate_ids].float() / temperature
-    n = logits.shape[0]
-    peak = torch.full((n,), float("-inf"), device=logits.device, dtype=vals.dtype)
-    peak = peak.scatter_reduce(0, candidate_token, vals.detach(), reduce="amax")
+def _grouped_logsumexp(vals: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) log-sum-exp of the (M,) ``vals`` of each group ``group`` (M,) in [0, n); -inf for an empty group."""
+    peak = torch.full((n,), float("-inf"), device=vals.device, dtype=vals.dtype)
+    peak = peak.scatter_reduce(0, group, vals.detach(), reduce="amax")
     safe_peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    total = torch.zeros_like(peak).index_add(0, candidate_token, torch.exp(vals - safe_peak[candidate_token]))
+    total = torch.zeros_like(peak).index_add(0, group, torch.exp(vals - safe_peak[group]))
     return torch.log(total) + safe_peak
 
 
@@ -173,16 +168,88 @@ def token_logprobs(
     checkpointed log-sum-exp (about ``_CHUNK_BYTES`` of fp32 at a time) and the needed entries are
     gathered from ``logits`` directly.
     """
-    lse = full_lse = _rows_logsumexp(logits, temperature)
-    if candidate_ids is not None and candidate_ids.numel() > 0:
-        cand_lse = _candidate_logsumexp(logits, candidate_ids, candidate_token, temperature)
-        lse = torch.where(has_candidates, cand_lse, full_lse)
-    logprobs = logits.gather(1, target_ids[:, None]).squeeze(1).float() / temperature - lse
+    full_lse = _rows_logsumexp(logits, temperature)
+    n = logits.shape[0]
     if top_ids is None:
-        top_ids = torch.zeros((logits.shape[0], 0), dtype=torch.long, device=logits.device)
-    top_logprobs = logits.gather(1, top_ids).float() / temperature - lse[:, None]
-    entropy = _entropy(logits.detach(), full_lse.detach(), temperature)
-    return TokenLogprobs(logprobs=logprobs, top_logprobs=top_logprobs, entropy=entropy)
+        top_ids = torch.zeros((n, 0), dtype=torch.long, device=logits.device)
+    has_cand = candidate_ids is not None and candidate_ids.numel() > 0
+    return _assemble(
+        full_lse,
+        logits.gather(1, target_ids[:, None]).squeeze(1).float() / temperature,
+        logits.gather(1, top_ids).float() / temperature,
+        _entropy(logits.detach(), full_lse.detach(), temperature),
+        cand_vals=logits[candidate_token, candidate_ids].float() / temperature if has_cand else None,
+        candidate_token=candidate_token,
+        has_candidates=has_candidates,
+    )
+
+
+def token_logprobs_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_ids: torch.Tensor | None = None,
+    candidate_ids: torch.Tensor | None = None,
+    candidate_token: torch.Tensor | None = None,
+    has_candidates: torch.Tensor | None = None,
+) -> TokenLogprobs:
+    """:func:`token_logprobs` of the logits ``hidden @ weight.T``, never materialised whole.
+
+    Args:
+        hidden: (N, D) the LM head's input at the positions predicting the trained tokens.
+        weight: (V, D) the LM head's weight (a bias-free linear head).
+        Others: as :func:`token_logprobs`.
+
+    The head runs in chunks fused with the reads (:mod:`trainer.fused_head`); values and gradients
+    are those of :func:`token_logprobs` on the full logits.
+    """
+    n = hidden.shape[0]
+    device = hidden.device
+    if top_ids is None:
+        top_ids = torch.zeros((n, 0), dtype=torch.long, device=device)
+    k = top_ids.shape[1]
+    has_cand = candidate_ids is not None and candidate_ids.numel() > 0
+    rows = torch.arange(n, device=device)
+    pick_row = [rows, rows.repeat_interleave(k)]
+    pick_id = [target_ids, top_ids.reshape(-1)]
+    if has_cand:
+        pick_row.append(candidate_token)
+        pick_id.append(candidate_ids)
+    full_lse, picked, entropy = fused_head_logits(
+        hidden, weight, torch.cat(pick_row), torch.cat(pick_id), temperature=temperature
+    )
+    return _assemble(
+        full_lse,
+        picked[:n],
+        picked[n : n + n * k].view(n, k),
+        entropy,
+        cand_vals=picked[n + n * k :] if has_cand else None,
+        candidate_token=candidate_token,
+        has_candidates=has_candidates,
+    )
+
+
+def _assemble(
+    full_lse: torch.Tensor,
+    target_vals: torch.Tensor,
+    top_vals: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    cand_vals: torch.Tensor | None,
+    candidate_token: torch.Tensor | None,
+    has_candidates: torch.Tensor | None,
+) -> TokenLogprobs:
+    """Log-probabilities from tempered logits: (N,) normaliser, (N,) targets, (N, K) top ids, (M,) candidates.
+
+    Where a token was sampled from a candidate set (top-k/top-p), it is normalised over that set.
+    """
+    lse = full_lse
+    if cand_vals is not None:
+        cand_lse = _grouped_logsumexp(cand_vals, candidate_token, full_lse.shape[0])
+        lse = torch.where(has_candidates, cand_lse, full_lse)
+    return TokenLogprobs(logprobs=target_vals - lse, top_logprobs=top_vals - lse[:, None], entropy=entropy)
 
 
 def _masked_ratio(log_ratio: torch.Tensor, lo: float, hi: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,6 +385,7 @@ def packed_row_loss(
     num_trained_tokens: float,
     gradient_accumulation_steps: int = 1,
     logit_rows: torch.Tensor | None = None,
+    lm_head_weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """:func:`grpo_loss` of one :class:`trainer.packing.PackedRow` from the row's logits.
 
@@ -327,6 +395,8 @@ def packed_row_loss(
         row: the packed row (tensors on the logits' device or CPU).
         logit_rows: (N,) row of ``logits`` predicting each trained token; default ``row.logit_index``
             (pass the second value of :meth:`PackedRow.logits_to_keep` with kept logits).
+        lm_head_weight: (V, D) when given, ``logits`` are the LM head's *inputs* (hidden states,
+            (..., D)) and the head runs fused with the loss (:func:`token_logprobs_from_hidden`).
     """
     if logits.dim() == 3:
         logits = logits[0]
@@ -334,7 +404,8 @@ def packed_row_loss(
     index = row.logit_index if logit_rows is None else logit_rows
     rows = logits[index.to(device)]
     cand = row.candidate_ids is not None
-    policy = token_logprobs(
+    head = token_logprobs if lm_head_weight is None else _with_weight(lm_head_weight)
+    policy = head(
         rows,
         row.target_ids.to(device),
         temperature=config.temperature,
@@ -353,3 +424,12 @@ def packed_row_loss(
         gradient_accumulation_steps=gradient_accumulation_steps,
         sampler_top_logprobs=row.top_logprobs if config.score_centering else None,
     )
+
+
+def _with_weight(weight: torch.Tensor):
+    """:func:`token_logprobs_from_hidden` with the head's weight bound (same call shape as token_logprobs)."""
+
+    def head(hidden: torch.Tensor, target_ids: torch.Tensor, **kwargs) -> TokenLogprobs:
+        return token_logprobs_from_hidden(hidden, weight, target_ids, **kwargs)
+
+    return head

@@ -208,3 +208,38 @@ def named_weights_for_sync(model) -> Iterator[tuple[str, torch.Tensor]]:
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
         yield served, tensor
+
+
+# Module classes whose forward is a chain of element-wise kernels around (at most) a few GEMMs.
+_POINTWISE_SUFFIXES = ("RMSNorm", "MLP")
+
+
+def compile_pointwise_modules(model: torch.nn.Module) -> int:
+    """``torch.compile`` every norm and MLP block of ``model`` (dynamic lengths); returns how many.
+
+    At packed-row lengths (~16k tokens) their element-wise chains (fp32 upcast, mean of squares,
+    rsqrt, scale; SiLU(gate) * up) are memory-bound passes; compiled, each chain is one or two
+    kernels. Attention keeps its own compiled FlexAttention path, so nothing around the tree mask is
+    traced. Repeated blocks share one graph (their parameters are graph inputs).
+    """
+    count = 0
+    for module in model.modules():
+        if type(module).__name__.endswith(_POINTWISE_SUFFIXES):
+            module.compile(dynamic=True)
+            count += 1
+    return count
+
+
+def empty_row_loss(model: torch.nn.Module, device: torch.device | str) -> torch.Tensor:
+    """A zero loss for a process whose row is empty, through a real forward of one token.
+
+    Not a sum over parameters: FSDP2 all-gathers each layer's shards inside its forward and
+    reduce-scatters in its backward, so a rank that skips the forward leaves the other ranks waiting
+    in the collectives. Dense-mask (SDPA) tree backend: no FlexAttention length bucket to compile.
+    """
+    from trainer.attention import TreeMask
+
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    tree = TreeMask(ids[0], ids[0] + 1, backend="sdpa")
+    outputs = model(input_ids=ids, position_ids=ids, tree_mask=tree, use_cache=False, logits_to_keep=1)
+    return outputs.logits.sum() * 0.0

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from trainer.attention import tree_forward_kwargs
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
+from trainer.fused_head import fused_head_weight, lm_head_bypassed
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
 from trainer.modeling import (
+    compile_pointwise_modules,
+    empty_row_loss,
     eos_token_ids,
     load_policy,
     load_tokenizer,
@@ -108,6 +112,10 @@ class AsyncGRPOTrainer(Trainer):
             processing_class = prepare_tokenizer(processing_class)
         if peft_config is not None:
             policy = wrap_peft(policy, peft_config)
+        if args.torch_compile:
+            # Whole-model compilation would trace through the tree mask; the element-wise blocks are
+            # what compiling gains here (tree attention's FlexAttention is compiled on CUDA anyway).
+            compile_pointwise_modules(policy)
         self.rollout_dataset = train_dataset
         self.loss_config = LossConfig.from_args(args)
         self._window = MetricWindow()
@@ -161,6 +169,18 @@ class AsyncGRPOTrainer(Trainer):
             )
         finally:
             self._shutdown_pipeline()
+
+    def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
+        """transformers' accelerator arguments without its whole-model ``torch.compile``.
+
+        ``torch_compile=True`` compiles the norm and MLP blocks instead (see ``__init__``).
+        """
+        built = super()._build_accelerator_args(**kwargs)
+        if "dynamo_plugin" in built:
+            from accelerate.utils import TorchDynamoPlugin
+
+            built["dynamo_plugin"] = TorchDynamoPlugin(backend="no")
+        return built
 
     def _resolve_checkpoint(self, resume: str | bool | None) -> str | None:
         if resume is None or resume is False:
@@ -284,12 +304,15 @@ class AsyncGRPOTrainer(Trainer):
         started = _now(self.args.device)
         row = inputs["row"]
         if row is None:  # this process got an empty row: contribute zero, keep collectives in step
-            loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            loss = empty_row_loss(model, self.args.device)
             return (loss, None) if return_outputs else loss
         device = self.args.device
         row = row.to(device)
         keep, logit_rows = row.logits_to_keep()  # the LM head runs only where the loss reads
-        outputs = model(**tree_forward_kwargs(row, device), logits_to_keep=keep)
+        unwrapped = self.accelerator.unwrap_model(model)
+        head_weight = fused_head_weight(unwrapped, device)  # None: the model's own head, unfused
+        with lm_head_bypassed(unwrapped) if head_weight is not None else nullcontext():
+            outputs = model(**tree_forward_kwargs(row, device), logits_to_keep=keep)
         out = packed_row_loss(
             outputs.logits,
             row,
@@ -297,6 +320,7 @@ class AsyncGRPOTrainer(Trainer):
             num_trained_tokens=max(float(inputs["global_trained_tokens"]), 1.0),
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
             logit_rows=logit_rows,
+            lm_head_weight=head_weight,
         )
         loss = out.loss * self.accelerator.num_processes  # DP averages gradients; the spec sums
         aux = getattr(outputs, "aux_loss", None)

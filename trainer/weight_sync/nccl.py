@@ -169,6 +169,7 @@ class NcclSender:
         if not torch.cuda.is_available():
             raise RuntimeError("the nccl weight-sync backend needs a CUDA device in the trainer process")
         self.device = self.device or torch.device("cuda", torch.cuda.current_device())
+        self._abort()  # a re-init must not leak the previous communicator
         self._lib = self._lib or NcclLibrary()
         self._unique_id = self._lib.unique_id()
         return worker_init_payload(self._unique_id, world_size, self.bucket_bytes)
@@ -179,9 +180,14 @@ class NcclSender:
         lib, uid = self._lib, self._unique_id
         with torch.cuda.device(self.device):
             self._stream = torch.cuda.Stream(device=self.device)
-            self._comm = call_with_deadline(
-                lambda: lib.comm_init_rank(world_size, uid, 0), deadline, "ncclCommInitRank", check
-            )
+            device = self.device
+
+            def init_rank() -> ctypes.c_void_p:
+                # call_with_deadline runs this on a new thread, whose current device starts at 0
+                torch.cuda.set_device(device)
+                return lib.comm_init_rank(world_size, uid, 0)
+
+            self._comm = call_with_deadline(init_rank, deadline, "ncclCommInitRank", check)
             warmup = torch.zeros(1, dtype=torch.float32, device=self.device)
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             lib.all_reduce_sum_f32(self._comm, warmup, self._stream)

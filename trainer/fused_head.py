@@ -1,0 +1,247 @@
+"""The LM head fused with the loss's reads: log-probabilities straight from the last hidden state.
+
+The unfused path materialises the (N, V) logits of the N trained positions, then makes several
+vocabulary-wide passes over them (fp32 copy, log-sum-exp, entropy, the gathers' scatter-backward,
+the log-sum-exp's recompute in the backward). At V = 151936 that is gigabytes of memory traffic per
+row, and it is what keeps tree packing's speed-up below its packing ratio on a GPU (each trained
+position costs about a third of a forwarded token; ``docs/benchmarks.md``).
+
+Here the head runs in row chunks of about ``_CHUNK_BYTES`` of logits. The forward keeps, per row,
+only the tempered log-sum-exp, the entropy and the few logits the loss reads ("picks": the trained
+token, the sampler's top ids, top-k/top-p candidates); the backward recomputes each chunk's logits
+and turns them into the logits' gradient in one fused pass (``torch.compile`` on CUDA), then runs
+the two GEMMs for the hidden-state and weight gradients. No (N, V) tensor outlives its chunk.
+
+The trainer reaches the hidden states by making the model's output embedding an identity for the
+forward (:func:`lm_head_bypassed`). That is only right when the model does nothing to the logits
+after its ``lm_head`` (no soft-capping, no logit scale), so :func:`fused_head_weight` checks it once
+per model on a short input (the two forwards must agree) and otherwise leaves the unfused path on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Logits (in the head's dtype) materialised at once: about this many bytes per chunk.
+_CHUNK_BYTES = 1 << 30
+# GRPO_FUSED_LM_HEAD=0 turns the fused path off (the unfused one is the reference).
+_ENV_SWITCH = "GRPO_FUSED_LM_HEAD"
+
+
+def _chunk_rows(vocab: int, itemsize: int) -> int:
+    return max(1, _CHUNK_BYTES // (itemsize * vocab))
+
+
+def _chunk_stats_eager(z: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c, V) logits -> (c,) log-sum-exp and (c,) entropy of softmax(z / T), fp32."""
+    zf = z.float() / temperature
+    lse = torch.logsumexp(zf, dim=-1)
+    entropy = lse - (torch.exp(zf - lse[:, None]) * zf).sum(-1)
+    return lse, entropy
+
+
+def _chunk_grad_eager(
+    z: torch.Tensor, lse: torch.Tensor, g_lse: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """(c, V) gradient of sum(g_lse * lse) w.r.t. the logits z: g_lse * softmax(z / T) / T, in z's dtype."""
+    zf = z.float() / temperature
+    return (torch.exp(zf - lse[:, None]) * (g_lse / temperature)[:, None]).to(z.dtype)
+
+
+_compiled: dict[str, Callable] = {}
+
+
+def _kernel(name: str, eager: Callable, device: torch.device) -> Callable:
+    """``eager`` compiled once per process on CUDA (one fused read of the chunk), eager elsewhere."""
+    if device.type != "cuda":
+        return eager
+    if name not in _compiled:
+        _compiled[name] = torch.compile(eager, dynamic=True, fullgraph=True)
+    return _compiled[name]
+
+
+class _FusedHead(torch.autograd.Function):
+    """hidden (N, D), weight (V, D), picks (P,) rows and (P,) ids -> lse (N,), picked (P,), entropy (N,).
+
+    ``lse`` is the log-sum-exp of ``hidden @ weight.T / T``, ``picked`` the tempered logits at the
+    (row, id) picks, ``entropy`` (no gradient) that of the full tempered distribution; all fp32.
+    ``pick_order``/``pick_bounds`` sort the picks by row and cut them per chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, pick_row, pick_id, pick_order, pick_bounds, temperature, chunk):
+        n = hidden.shape[0]
+        h = hidden.to(weight.dtype)
+        lse = torch.empty(n, device=h.device, dtype=torch.float32)
+        entropy = torch.empty_like(lse)
+        picked = torch.empty(pick_row.shape[0], device=h.device, dtype=torch.float32)
+        stats = _kernel("stats", _chunk_stats_eager, h.device)
+        for i, start in enumerate(range(0, n, chunk)):
+            z = h[start : start + chunk] @ weight.T
+            lse[start : start + chunk], entropy[start : start + chunk] = stats(z, temperature)
+            sel = pick_order[pick_bounds[i] : pick_bounds[i + 1]]
+            picked[sel] = z[pick_row[sel] - start, pick_id[sel]].float() / temperature
+        ctx.save_for_backward(h, weight, lse, pick_row, pick_id, pick_order)
+        ctx.pick_bounds, ctx.temperature, ctx.chunk = pick_bounds, temperature, chunk
+        ctx.hidden_dtype = hidden.dtype
+        ctx.mark_non_differentiable(entropy)
+        return lse, picked, entropy
+
+    @staticmethod
+    def backward(ctx, g_lse, g_picked, _g_entropy):
+        h, weight, lse, pick_row, pick_id, pick_order = ctx.saved_tensors
+        temperature, chunk, bounds = ctx.temperature, ctx.chunk, ctx.pick_bounds
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n = h.shape[0]
+        grad_h = torch.empty_like(h) if want_h else None
+        # Several chunks accumulate the weight gradient in fp32, as one GEMM would internally.
+        several = n > chunk
+        grad_w = None
+        if want_w and several:
+            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+        softmax_grad = _kernel("grad", _chunk_grad_eager, h.device)
+        g_lse = g_lse if g_lse is not None else torch.zeros_like(lse)
+        for i, start in enumerate(range(0, n, chunk)):
+            h_c = h[start : start + chunk]
+            g_z = softmax_grad(
+                h_c @ weight.T, lse[start : start + chunk], g_lse[start : start + chunk], temperature
+            )
+            if g_picked is not None:
+                sel = pick_order[bounds[i] : bounds[i + 1]]
+                g_sel = (g_picked[sel] / temperature).to(g_z.dtype)
+                g_z.index_put_((pick_row[sel] - start, pick_id[sel]), g_sel, accumulate=True)
+            if want_h:
+                grad_h[start : start + chunk] = g_z @ weight
+            if want_w:
+                part = g_z.T @ h_c
+                if several:
+                    grad_w += part
+                else:
+                    grad_w = part
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        if grad_h is not None:
+            grad_h = grad_h.to(ctx.hidden_dtype)
+        return grad_h, grad_w, None, None, None, None, None, None
+
+
+def fused_head_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    pick_row: torch.Tensor,
+    pick_id: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(lse, picked, entropy)`` of the logits ``hidden @ weight.T`` without materialising them.
+
+    Args:
+        hidden: (N, D) the LM head's input at the N positions (any float dtype; cast to the weight's).
+        weight: (V, D) the LM head's weight (no bias).
+        pick_row, pick_id: (P,) the (row, vocabulary id) entries whose tempered logits are wanted.
+        temperature: logits are divided by it.
+
+    Returns fp32 (N,) log-sum-exp of the tempered logits, (P,) the picked tempered logits (both
+    differentiable w.r.t. ``hidden`` and ``weight``) and (N,) the entropy of the tempered
+    distribution (no gradient).
+    """
+    chunk = _chunk_rows(weight.shape[0], weight.element_size())
+    n = hidden.shape[0]
+    pick_order = torch.argsort(pick_row, stable=True)
+    starts = torch.arange(0, n + chunk, chunk, device=pick_row.device).clamp_(max=n)
+    pick_bounds = torch.searchsorted(pick_row[pick_order], starts).tolist()
+    return _FusedHead.apply(hidden, weight, pick_row, pick_id, pick_order, pick_bounds, temperature, chunk)
+
+
+# ----------------------------------------------------------------------------- the model side
+class _Identity(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@contextmanager
+def lm_head_bypassed(model: torch.nn.Module) -> Iterator[None]:
+    """Inside, the model's output embedding returns its input: ``outputs.logits`` are hidden states."""
+    head = model.get_output_embeddings()
+    original = head.forward
+    head.forward = _Identity().forward
+    try:
+        yield
+    finally:
+        head.forward = original
+
+
+def _plain_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    """The output embedding's weight if it is a plain, unsharded, bias-free linear layer, else None."""
+    if os.environ.get(_ENV_SWITCH, "1") == "0":
+        return None
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    weight = head.weight
+    # FSDP2 shards it (a DTensor gathered only inside the module's own forward): leave it to the module.
+    if type(weight).__name__ == "DTensor" or weight.dim() != 2:
+        return None
+    return weight
+
+
+@torch.no_grad()
+def _head_is_last(model: torch.nn.Module, forward_kwargs: dict) -> bool:
+    """True when the model's logits are exactly ``lm_head(hidden)``: nothing applied after the head."""
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(**forward_kwargs).logits
+        with lm_head_bypassed(model):
+            hidden = model(**forward_kwargs).logits
+        direct = model.get_output_embeddings()(hidden.to(logits.dtype))
+    finally:
+        model.train(was_training)
+    if direct.shape != logits.shape:
+        return False
+    return bool(torch.allclose(direct.float(), logits.float(), rtol=1e-3, atol=1e-3))
+
+
+def probe_forward_kwargs(device: torch.device, length: int = 8) -> dict:
+    """Forward arguments of a short chain (one sample of ``length`` tokens) for the tree backend."""
+    from trainer.attention import TreeMask
+
+    idx = torch.arange(length, device=device)
+    return {
+        "input_ids": (idx % 7 + 1)[None],
+        "position_ids": idx[None],
+        "tree_mask": TreeMask(idx, torch.full_like(idx, length), backend="sdpa"),
+        "use_cache": False,
+    }
+
+
+def fused_head_weight(model: torch.nn.Module, device: torch.device) -> torch.Tensor | None:
+    """The weight to fuse with the loss, or None when the model needs the unfused path.
+
+    Checked once per model (cached on it): a plain linear head, unsharded, and logits that are the
+    head's output unchanged (a short probe forward with and without the bypass must agree).
+    """
+    cached = getattr(model, "_grpo_fused_head_ok", None)
+    weight = _plain_head_weight(model)
+    if weight is None:
+        return None
+    if cached is None:
+        try:
+            cached = _head_is_last(model, probe_forward_kwargs(device))
+        except Exception as exc:  # an exotic forward: the unfused path is always right
+            logger.info("fused LM head off: probe forward failed (%s)", exc)
+            cached = False
+        if not cached:
+            logger.info(
+                "fused LM head off for %s: its logits are not the head's output", type(model).__name__
+            )
+        model._grpo_fused_head_ok = cached
+    return weight if cached else None
