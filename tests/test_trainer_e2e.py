@@ -62,6 +62,8 @@ def test_logp_difference_after_sync_at_staleness_0(vllm_server, tiny_model_dir, 
     for row in rows:
         assert row["sample/staleness_max"] == 0
         assert row["sampling/sampling_logp_difference/mean"] <= 1e-3, row
+        # admission waits for the new weights at max_staleness 0: nothing is generated only to be dropped
+        assert row.get("sample/dropped_stale_count", 0) == 0, row
     # the weights did change between steps, so the match is the sync, not an unchanged model
     assert all(r["perf/weight_sync_s"] > 0 for r in rows)
     assert any(abs(r["grad_norm"]) > 0 for r in rows)

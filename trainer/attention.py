@@ -217,7 +217,7 @@ def tree_attention_forward(
     if sliding_window is not None:
         raise ValueError(
             "sliding-window attention layers are not supported by tree packing; use a model whose layers all "
-            "attend fully (or gated DeltaNet)"
+            "attend fully"
         )
     if s_aux is not None:
         raise ValueError("models with attention sinks are not supported (see the spec's constraints)")

@@ -1,0 +1,110 @@
+"""Architectures beyond dense attention: MoE (aux loss, packed = unpacked) and the refusals that guard
+tree packing (gated DeltaNet hybrids, router_aux_loss_coef on a dense model)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import (
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
+
+from trainer.attention import TreeMask, tree_forward_kwargs
+from trainer.modeling import check_supported_architecture, load_policy
+from trainer.packing import pack_row
+from trainer.rollout.types import TrainingSequence
+
+SMALL = dict(vocab_size=48, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def _args(**overrides) -> SimpleNamespace:
+    base = dict(model_init_kwargs=None, dtype="float32", trust_remote_code=False, router_aux_loss_coef=None)
+    return SimpleNamespace(**(base | overrides))
+
+
+def _samples() -> list[TrainingSequence]:
+    """Two completions of one prompt [1, 2, 3]; the trie shares the prompt."""
+    return [
+        TrainingSequence([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1], [0.0] * 6, [None] * 6, advantage=1.0),
+        TrainingSequence([1, 2, 3, 7, 8], [0, 0, 0, 1, 1], [0.0] * 5, [None] * 5, advantage=-1.0),
+    ]
+
+
+def _packed_vs_unpacked(model) -> float:
+    """Max |logit| difference, at every trained position, between the packed row and each sample alone."""
+    row = pack_row(_samples(), num_top_logprobs=0)
+    worst = 0.0
+    with torch.no_grad():
+        packed = model(**tree_forward_kwargs(row)).logits[0]
+        for sample_id, sample in enumerate(_samples()):
+            n = len(sample.input_ids)
+            alone = model(
+                input_ids=torch.tensor([sample.input_ids]),
+                position_ids=torch.arange(n)[None],
+                tree_mask=TreeMask(torch.arange(n), torch.full((n,), n)),
+                use_cache=False,
+            ).logits[0]
+            rows = row.logit_index[row.sample_index == sample_id]
+            predicting = [i - 1 for i, m in enumerate(sample.loss_mask) if m]
+            assert len(rows) == len(predicting) > 0
+            worst = max(worst, float((packed[rows] - alone[predicting]).abs().max()))
+    return worst
+
+
+def test_moe_aux_loss_is_produced_and_packing_is_exact():
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        **SMALL,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        decoder_sparse_step=1,
+    )
+    model = load_policy(Qwen3MoeForCausalLM(config).float(), _args(router_aux_loss_coef=0.02))
+    assert model.config.router_aux_loss_coef == 0.02 and model.config.output_router_logits
+    model.eval()
+    row = pack_row(_samples(), num_top_logprobs=0)
+    out = model(**tree_forward_kwargs(row))
+    assert out.aux_loss is not None and torch.isfinite(out.aux_loss) and out.aux_loss > 0
+    # routing is per token, so packing must not change any sample's logits
+    assert _packed_vs_unpacked(model) < 1e-5
+
+
+def test_dense_model_packing_is_exact_and_refuses_router_aux_loss_coef():
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**SMALL, intermediate_size=64, num_hidden_layers=2)).float()
+    with pytest.raises(ValueError, match="router_aux_loss_coef=0.01 .* not a Mixture-of-Experts"):
+        load_policy(model, _args(router_aux_loss_coef=0.01))
+    model = load_policy(model, _args())
+    model.eval()
+    assert _packed_vs_unpacked(model) < 1e-5
+
+
+def test_gated_deltanet_hybrids_are_refused_not_silently_mispacked():
+    """Their conv/recurrent state runs along the row, so packing would leak across samples."""
+    config = Qwen3NextConfig(
+        **SMALL,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        linear_num_value_heads=2,
+        linear_num_key_heads=1,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    model = Qwen3NextForCausalLM(config).float()
+    with pytest.raises(ValueError, match="gated DeltaNet"):
+        check_supported_architecture(model)
