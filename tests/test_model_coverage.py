@@ -108,3 +108,77 @@ def test_gated_deltanet_hybrids_are_refused_not_silently_mispacked():
     model = Qwen3NextForCausalLM(config).float()
     with pytest.raises(ValueError, match="gated DeltaNet"):
         check_supported_architecture(model)
+
+
+def _tiny_vlm_dir(tmp_path) -> str:
+    """A random-init Qwen3-VL checkpoint (tiny text model, one-block vision tower) saved to disk."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = Qwen3VLConfig(
+        text_config=dict(
+            **SMALL,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=4,
+            spatial_merge_size=2,
+            temporal_patch_size=1,
+            deepstack_visual_indexes=[0],
+        ),
+    )
+    torch.manual_seed(0)
+    Qwen3VLForConditionalGeneration(config).save_pretrained(tmp_path / "vlm")
+    return str(tmp_path / "vlm")
+
+
+def test_vision_language_checkpoint_trains_its_text_model_only(tmp_path):
+    from trainer.modeling import named_weights_for_sync
+
+    model = load_policy(_tiny_vlm_dir(tmp_path), _args())
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"  # the image-text auto class
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(".visual." in n or n.startswith("model.visual") for n in frozen)
+    assert trainable and all("language_model" in n or n.startswith("lm_head") for n in trainable)
+    synced = [name for name, _ in named_weights_for_sync(model)]
+    assert synced and not any("visual" in n for n in synced)
+    model.eval()
+    assert _packed_vs_unpacked(model) < 1e-5
+
+
+def test_prompts_with_images_are_refused(tmp_path):
+    from datasets import Dataset
+
+    from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trainer.chat_template import check_text_only
+    from trainer.rewards import accuracy_reward
+
+    check_text_only([{"role": "user", "content": "plain text"}], "row 0")
+    check_text_only([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "row 0")
+    image_prompt = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "What is it?"}],
+        }
+    ]
+    with pytest.raises(ValueError, match="row 3: message 0 has a 'image' content part.*text only"):
+        check_text_only(image_prompt, "row 3")
+    text_prompt = [{"role": "user", "content": [{"type": "text", "text": "2 + 2?"}]}]
+    rows = [{"prompt": text_prompt, "answer": "4"}] * 2 + [{"prompt": image_prompt, "answer": "cat"}]
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"), vllm_server_base_url="http://127.0.0.1:9", use_cpu=True
+    )
+    with pytest.raises(ValueError, match="train_dataset row 2, column 'prompt'"):
+        AsyncGRPOTrainer(
+            _tiny_vlm_dir(tmp_path),
+            reward_funcs=accuracy_reward,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+        )

@@ -164,3 +164,30 @@ def assistant_message_from_text(text: str) -> dict[str, Any]:
         "content": content,
         "tool_calls": [{"type": "function", "function": c} for c in calls],
     }
+
+
+# Content-part types that carry pixels (OpenAI / transformers chat formats).
+_IMAGE_PART_TYPES = {"image", "image_url", "input_image", "video", "video_url"}
+
+
+def check_text_only(messages: Any, where: str) -> None:
+    """Refuse a conversation with image or video parts: vision-language models train on text only.
+
+    ``where`` names the prompt (e.g. ``"train_dataset row 12"``) in the error.
+    """
+    if not isinstance(messages, list):
+        return
+    for turn, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _IMAGE_PART_TYPES or (
+                isinstance(part, dict) and ("image" in part or "image_url" in part)
+            ):
+                raise ValueError(
+                    f"{where}: message {turn} has a {kind or 'image'!r} content part; AsyncGRPOTrainer trains "
+                    "vision-language models on text only (the vision tower is frozen and not synced). "
+                    "Remove image/video parts from the prompts"
+                )

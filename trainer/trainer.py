@@ -30,6 +30,7 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from trainer.attention import tree_forward_kwargs
+from trainer.chat_template import check_text_only
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
@@ -103,6 +104,7 @@ class AsyncGRPOTrainer(Trainer):
             columns = getattr(train_dataset, "column_names", None)
             if columns is not None and "prompt" not in columns:
                 raise ValueError(f"train_dataset needs a 'prompt' column (conversational); it has {columns}")
+            _check_prompts_text_only(train_dataset)
 
         policy = load_policy(model, args)
         self.model_name = policy.config._name_or_path or str(name)
@@ -501,6 +503,18 @@ def write_rollout_state(folder: Path, position: int, dataset) -> None:
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ROLLOUT_STATE_NAME).write_text(json.dumps(state, indent=2))
+
+
+def _check_prompts_text_only(dataset, rows: int = 256) -> None:
+    """Fail at construction (not in the rollout process) when the first prompts carry images."""
+    try:
+        count = min(len(dataset), rows)
+    except TypeError:  # an iterable dataset: the rollout loop checks each prompt as it renders it
+        return
+    for i in range(count):
+        row = dataset[i]
+        if isinstance(row, dict):
+            check_text_only(row.get("prompt"), f"train_dataset row {i}, column 'prompt'")
 
 
 def _as_reward_list(reward_funcs) -> list[Callable]:

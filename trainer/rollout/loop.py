@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.chat_template import assistant_message_from_text, parse_tool_calls
+from trainer.chat_template import assistant_message_from_text, check_text_only, parse_tool_calls
 from trainer.metrics import MetricWindow
 from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient
 from trainer.rollout.flow import POLL_INTERVAL_S, ConcurrencyController, StalenessGate
@@ -748,6 +748,7 @@ class AsyncRolloutLoop:
         if cached is not None:
             self._render_cache.move_to_end(key)
             return list(cached)
+        check_text_only(messages, "prompt")
         kwargs = dict(self.config.chat_template_kwargs or {})
         ids = list(
             self.tokenizer.apply_chat_template(
