@@ -162,6 +162,8 @@ def test_prompts_with_images_are_refused(tmp_path):
 
     check_text_only([{"role": "user", "content": "plain text"}], "row 0")
     check_text_only([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "row 0")
+    # as an Arrow-backed dataset returns parts: every key present, None where unused
+    check_text_only([{"role": "user", "content": [{"type": "text", "text": "hi", "image": None}]}], "row 0")
     image_prompt = [
         {
             "role": "user",

@@ -183,9 +183,11 @@ def check_text_only(messages: Any, where: str) -> None:
             continue
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in _IMAGE_PART_TYPES or (
-                isinstance(part, dict) and ("image" in part or "image_url" in part)
-            ):
+            # Arrow-backed datasets give every part every key (None where unused): test values, not keys.
+            has_pixels = isinstance(part, dict) and any(
+                part.get(k) is not None for k in ("image", "image_url")
+            )
+            if kind in _IMAGE_PART_TYPES or has_pixels:
                 raise ValueError(
                     f"{where}: message {turn} has a {kind or 'image'!r} content part; AsyncGRPOTrainer trains "
                     "vision-language models on text only (the vision tower is frozen and not synced). "
