@@ -48,7 +48,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
-from trainer.loss import LossConfig, packed_row_loss
+from trainer.loss import LossConfig, LossOutput, packed_row_loss
 from trainer.modeling import compile_pointwise_modules
 from trainer.packing import PackedRow, TokenBudgetBatcher, pack_row
 from trainer.perf import peak_flops, training_flops
@@ -224,8 +224,8 @@ def _head(model, device: torch.device, fused: bool):
 
 def tree_step(
     model, row: PackedRow, device: torch.device, loss_config: LossConfig, backend: str, fused: bool = True
-) -> None:
-    """Forward + backward of one packed row, as ``AsyncGRPOTrainer.compute_loss`` does it."""
+) -> LossOutput:
+    """Forward + backward of one packed row, as ``AsyncGRPOTrainer.compute_loss`` does it; the loss output."""
     row = row.to(device)
     keep, logit_rows = row.logits_to_keep()
     head, weight = _head(model, device, fused)
@@ -240,6 +240,7 @@ def tree_step(
         lm_head_weight=weight,
     )
     out.loss.backward()
+    return out
 
 
 def head_agreement(model, row: PackedRow, device: torch.device, loss_config: LossConfig) -> dict[str, float]:
@@ -250,23 +251,10 @@ def head_agreement(model, row: PackedRow, device: torch.device, loss_config: Los
     losses, grads = [], []
     for fused in (False, False, True):  # the model's head twice: the run-to-run noise floor
         model.zero_grad(set_to_none=True)
-        row_d = row.to(device)
-        keep, logit_rows = row_d.logits_to_keep()
-        head, weight = _head(model, device, fused)
-        with head:
-            outputs = model(**tree_forward_kwargs(row_d, device), logits_to_keep=keep)
-        out = packed_row_loss(
-            outputs.logits,
-            row_d,
-            config=loss_config,
-            num_trained_tokens=float(row.num_trained_tokens),
-            logit_rows=logit_rows,
-            lm_head_weight=weight,
-        )
-        out.loss.backward()
+        out = tree_step(model, row, device, loss_config, "auto", fused=fused)
         losses.append(float(out.loss.detach()))
         grads.append(torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None]))
-        del outputs, out
+        del out
     model.zero_grad(set_to_none=True)
     fused_used = _head(model, device, True)[1] is not None
     norm = grads[0].norm().clamp_min(1e-30)
