@@ -25,7 +25,7 @@ format:
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-tiny: install  ## build the embedded tiny model into .cache/tiny (cached)
+tiny: install  ## build the embedded tiny model into ~/.cache/grpo/tiny (cached per source hash)
 	$(PY) -c "from trainer.registry import resolve_model; print(resolve_model('tiny'))"
 
 clean:

@@ -36,7 +36,7 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The embedded tiny model, built once and cached under ``.cache/tiny`` (keyed by source hash)."""
+    """The embedded tiny model, built once and cached under ``~/.cache/grpo/tiny`` (keyed by source hash)."""
     from trainer.registry import cache_root
     from trainer.tiny import ensure_tiny
 

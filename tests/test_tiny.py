@@ -1,7 +1,7 @@
 """The embedded tiny model (``python -m trainer tiny``): build report, loading, chat template, tasks.
 
 Pure transformers (the vLLM smoke test serves the same build). The build is cached under
-``.cache/tiny/<source hash>`` by the session fixture ``tiny_model_dir``, so only the first run pays
+``~/.cache/grpo/tiny/<source hash>`` by the session fixture ``tiny_model_dir``, so only the first run pays
 for it (~2 minutes on 2 cores).
 """
 
