@@ -344,19 +344,12 @@ class AsyncGRPOTrainer(Trainer):
     # --------------------------------------------------------------------- after each optimizer step
     def _end_of_step(self, state, control) -> None:
         now = time.perf_counter()
-        syncs_now = state.global_step % self.args.weight_sync_steps == 0
-        allowance = None
         if self.is_world_process_zero() and self._feed is not None:
             report = self._feed.finish_step()
-            allowance = (
-                self._feed.consumed_raw_tokens + max(self.args.max_staleness, 1) * report["raw_tokens"]
-            )
-            # At max_staleness 0, work admitted before this step's sync would be generated on the old
-            # weights and dropped as stale: raise the allowance only once the new weights are served.
-            if self._handle is not None and not (self.args.max_staleness == 0 and syncs_now):
-                self._handle.set_token_allowance(allowance)
-                allowance = None
             if self._handle is not None:
+                self._handle.set_token_allowance(
+                    self._feed.consumed_raw_tokens + max(self.args.max_staleness, 1) * report["raw_tokens"]
+                )
                 self._drain_rollout_metrics()
             self._record_perf(report, now)
             if self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__"):
@@ -365,10 +358,8 @@ class AsyncGRPOTrainer(Trainer):
                 if self.args.max_steps <= 0 and self._feed.positions.next_untrained >= target:
                     control.should_training_stop = True
         control.should_training_stop = _any_rank(control.should_training_stop)
-        if syncs_now:
+        if state.global_step % self.args.weight_sync_steps == 0:
             self._sync_weights()
-        if allowance is not None and self._handle is not None:
-            self._handle.set_token_allowance(allowance)
         self._step_started = time.perf_counter()
 
     def _record_perf(self, report: dict[str, float], now: float) -> None:
