@@ -625,8 +625,8 @@ def _cpu_model() -> str | None:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    except OSError:  # no /proc (not Linux): the JSON records null
+        return None
     return None
 
 

@@ -138,8 +138,9 @@ class Channel:
 
     def check(self) -> None:
         """Raise if the other process reported an error or died; the senders' ``check`` callback."""
-        while self._pull(0):
-            pass
+        drained = True
+        while drained:  # take every message already waiting, without blocking
+            drained = self._pull(0)
         if not self.alive():
             raise PeerError("the other process is gone")
 
