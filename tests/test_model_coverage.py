@@ -1,8 +1,10 @@
-"""Architectures beyond dense attention: MoE (aux loss, packed = unpacked) and the refusals that guard
-tree packing (gated DeltaNet hybrids, router_aux_loss_coef on a dense model)."""
+"""Architectures beyond dense attention: MoE (aux loss, packed = unpacked), gated DeltaNet hybrids
+(packed = unpacked, gradients included) and the refusals that guard tree packing."""
 
 from __future__ import annotations
 
+import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +19,7 @@ from transformers import (
 )
 
 from trainer.attention import TreeMask, tree_forward_kwargs
+from trainer.linear_attention import CONV_FUNCTION, DELTA_RULE_FUNCTION, linear_attention_modules
 from trainer.modeling import check_supported_architecture, load_policy
 from trainer.packing import pack_row
 from trainer.rollout.types import TrainingSequence
@@ -37,13 +40,14 @@ def _samples() -> list[TrainingSequence]:
     ]
 
 
-def _packed_vs_unpacked(model) -> float:
+def _packed_vs_unpacked(model, samples: list[TrainingSequence] | None = None) -> float:
     """Max |logit| difference, at every trained position, between the packed row and each sample alone."""
-    row = pack_row(_samples(), num_top_logprobs=0)
+    samples = samples or _samples()
+    row = pack_row(samples, num_top_logprobs=0)
     worst = 0.0
     with torch.no_grad():
         packed = model(**tree_forward_kwargs(row)).logits[0]
-        for sample_id, sample in enumerate(_samples()):
+        for sample_id, sample in enumerate(samples):
             n = len(sample.input_ids)
             alone = model(
                 input_ids=torch.tensor([sample.input_ids]),
@@ -89,24 +93,109 @@ def test_dense_model_packing_is_exact_and_refuses_router_aux_loss_coef():
     assert _packed_vs_unpacked(model) < 1e-5
 
 
-def test_gated_deltanet_hybrids_are_refused_not_silently_mispacked():
-    """Their conv/recurrent state runs along the row, so packing would leak across samples."""
-    config = Qwen3NextConfig(
+def _hybrid_config(cls, **extra):
+    return cls(
         **SMALL,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=3,
         linear_num_value_heads=2,
         linear_num_key_heads=1,
         linear_key_head_dim=8,
         linear_value_head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        shared_expert_intermediate_size=16,
-        layer_types=["linear_attention", "full_attention"],
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        **extra,
     )
-    model = Qwen3NextForCausalLM(config).float()
-    with pytest.raises(ValueError, match="gated DeltaNet"):
+
+
+def _branching_samples(seed: int = 0) -> list[TrainingSequence]:
+    """Three samples over a 3-level trie longer than the delta rule's 64-token chunks:
+    prompt P (70) → A (75) → {B (40), C (3)}, and P → D (90); trained on everything after P."""
+    g = torch.Generator().manual_seed(seed)
+    part = lambda n: torch.randint(1, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    p, a, b, c, d = part(70), part(75), part(40), part(3), part(90)
+    out = []
+    for ids in (p + a + b, p + a + c, p + d):
+        mask = [0] * len(p) + [1] * (len(ids) - len(p))
+        out.append(TrainingSequence(ids, mask, [0.0] * len(ids), [None] * len(ids), advantage=1.0))
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_gated_deltanet_hybrids_pack_exactly(family):
+    """Conv taps and recurrent state follow each sample's path: packed logits equal unpacked ones,
+    and the gradient of a packed loss equals the sum of the per-sample gradients."""
+    torch.manual_seed(0)
+    if family == "qwen3_next":
+        config = _hybrid_config(
+            Qwen3NextConfig,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+        )
+        model = Qwen3NextForCausalLM(config).float()
+    else:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        model = Qwen3_5ForCausalLM(_hybrid_config(Qwen3_5TextConfig)).float()
+    with torch.no_grad():  # slow decay (random init decays to ~0 in a token): the state must carry
+        for layer in linear_attention_modules(model):
+            layer.A_log.fill_(math.log(0.05))
+    model = load_policy(model, _args())
+    model.eval()
+    samples = _branching_samples()
+    assert _packed_vs_unpacked(model, samples) < 1e-5
+    # either kernel run along the row instead of the paths is measurably wrong
+    modeling = sys.modules[type(model).__module__]
+    for name in (CONV_FUNCTION, DELTA_RULE_FUNCTION):
+        wrapped = getattr(modeling, name)
+        setattr(modeling, name, wrapped.tree_original)
+        try:
+            assert _packed_vs_unpacked(model, samples) > 1e-3, name
+        finally:
+            setattr(modeling, name, wrapped)
+    # gradients: packed row vs samples alone, on the sum of trained-token logprobs
+    row = pack_row(samples, num_top_logprobs=0)
+    model.zero_grad()
+    logits = model(**tree_forward_kwargs(row)).logits[0]
+    _trained_logprob_sum_packed(logits, row, samples).backward()
+    packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    for sample in samples:
+        n = len(sample.input_ids)
+        alone = model(
+            input_ids=torch.tensor([sample.input_ids]),
+            position_ids=torch.arange(n)[None],
+            tree_mask=TreeMask(torch.arange(n), torch.full((n,), n)),
+            use_cache=False,
+        ).logits[0]
+        _trained_logprob_sum_alone(alone, sample).backward()
+    for name, grad in packed.items():
+        torch.testing.assert_close(
+            grad, dict(model.named_parameters())[name].grad, atol=1e-5, rtol=1e-4, msg=name
+        )
+
+
+def _trained_logprob_sum_packed(logits, row, samples) -> torch.Tensor:
+    total = logits.new_zeros(())
+    for sample_id, sample in enumerate(samples):
+        rows = row.logit_index[row.sample_index == sample_id]
+        targets = torch.tensor([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+        total = total + logits[rows].log_softmax(-1).gather(-1, targets[:, None]).sum()
+    return total
+
+
+def _trained_logprob_sum_alone(logits, sample) -> torch.Tensor:
+    predicting = [i - 1 for i, m in enumerate(sample.loss_mask) if m]
+    targets = torch.tensor([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+    return logits[predicting].log_softmax(-1).gather(-1, targets[:, None]).sum()
+
+
+def test_linear_attention_without_the_known_kernels_is_refused():
+    """A 'linear_attention' layer kind whose kernels the tree wrapper does not know is refused."""
+    model = Qwen3ForCausalLM(Qwen3Config(**SMALL, intermediate_size=64, num_hidden_layers=2)).float()
+    model.config.layer_types = ["linear_attention", "full_attention"]
+    with pytest.raises(ValueError, match="linear_attention"):
         check_supported_architecture(model)
 
 
@@ -151,6 +240,23 @@ def test_vision_language_checkpoint_trains_its_text_model_only(tmp_path):
     assert synced and not any("visual" in n for n in synced)
     model.eval()
     assert _packed_vs_unpacked(model) < 1e-5
+
+
+def test_lora_on_a_vision_language_checkpoint_stays_in_the_language_model(tmp_path):
+    from peft import LoraConfig
+
+    from trainer.modeling import wrap_peft
+
+    model = wrap_peft(
+        load_policy(_tiny_vlm_dir(tmp_path), _args()), LoraConfig(r=4, target_modules="all-linear")
+    )
+    adapters = [n for n, p in model.named_parameters() if "lora_" in n]
+    assert adapters and all("language_model" in n for n in adapters)
+    assert all(p.requires_grad == ("lora_" in n) for n, p in model.named_parameters())
+    # an exclusion list of the user's own that lets an adapter reach the vision tower is refused
+    vision_too = LoraConfig(r=4, target_modules=["qkv", "q_proj"], exclude_modules=[])
+    with pytest.raises(ValueError, match="outside the language model"):
+        wrap_peft(load_policy(_tiny_vlm_dir(tmp_path), _args()), vision_too)
 
 
 def test_prompts_with_images_are_refused(tmp_path):

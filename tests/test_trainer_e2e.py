@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from datasets import Dataset
 
@@ -241,3 +242,53 @@ def test_lambda_reward_is_refused_at_train(vllm_server, tiny_model_dir, tmp_path
     )
     with pytest.raises(TypeError, match="lambda"):
         trainer.train()
+
+
+def test_lora_adapter_is_merged_and_synced(vllm_server, tiny_model_dir, tmp_path):
+    """peft_config without --enable-lora: the adapter trains, the merged weights reach the server."""
+    from peft import LoraConfig
+
+    args = _config(vllm_server, tmp_path, max_steps=3, max_staleness=0, learning_rate=5e-3)
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir),
+        reward_funcs=accuracy_reward,
+        args=args,
+        train_dataset=_dataset(),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not any("lm_head" in n for n in trainable)
+    base_before = {
+        n: p.detach().clone()
+        for n, p in trainer.model.named_parameters()
+        if not p.requires_grad and "layers.0" in n
+    }
+    trainer.train()
+    rows = [r for r in _metrics(tmp_path) if "sampling/sampling_logp_difference/mean" in r]
+    assert len(rows) == 3 and any(abs(r["grad_norm"]) > 0 for r in rows)
+    # the server samples from base + adapter (merged at each sync), so the policy's logprobs match it
+    for row in rows:
+        assert row["sampling/sampling_logp_difference/mean"] <= 1e-3, row
+    # the adapter moved, and merging for the sync left the base weights as they were
+    lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().max() > 0 for p in lora_b)
+    for name, before in base_before.items():
+        torch.testing.assert_close(dict(trainer.model.named_parameters())[name].detach(), before, msg=name)
+    # ... and the adapter changes the policy by far more than the 1e-3 above, so a sync that sent the
+    # base weights alone would have failed that check
+    from trainer.attention import TreeMask
+
+    ids = torch.tensor([trainer.processing_class("What is 12 + 30?")["input_ids"]])
+    n = ids.shape[1]
+    inputs = dict(
+        input_ids=ids,
+        position_ids=torch.arange(n)[None],
+        tree_mask=TreeMask(torch.arange(n), torch.full((n,), n), backend="sdpa"),
+        use_cache=False,
+    )
+    with torch.no_grad():
+        adapted = trainer.model(**inputs).logits.log_softmax(-1)
+        with trainer.model.disable_adapter():
+            base = trainer.model(**inputs).logits.log_softmax(-1)
+    assert (adapted - base).abs().max() > 1e-2

@@ -110,6 +110,10 @@ class RolloutFeed:
         self._step_batches: list[MicroBatch] = []
         self._queued_samples = 0  # received, not yet placed in a closed micro-batch
         self.consumed_raw_tokens = 0  # trained or dropped samples' raw tokens (allowance accounting)
+        # The rollout process may run this many raw tokens ahead of what is consumed; the trainer
+        # sets it each step (max(max_staleness, 1) steps' worth) and the feed publishes the ceiling.
+        self.allowance_lead = 0.0
+        self.on_allowance: Callable[[float], None] | None = None
         self.step_wait_s = 0.0
 
     def attach(self, next_group: Callable[[float], GroupResult | None], token_budget: int) -> None:
@@ -124,6 +128,17 @@ class RolloutFeed:
             batch = self._next_micro_batch() if self.rank == 0 else None
             batch = _broadcast(batch)
             yield self._inputs_for_rank(batch)
+
+    def publish_allowance(self) -> None:
+        """Hand the rollout process its ceiling: consumed raw tokens + ``allowance_lead``.
+
+        Published whenever samples are consumed, dropped ones included, not only at step ends:
+        samples dropped as stale while the trainer waits (at ``max_staleness=0``, whatever was
+        generated on the old weights) would otherwise hold the ceiling below what the rollout
+        process already queued, and both sides would wait on each other forever.
+        """
+        if self.on_allowance is not None:
+            self.on_allowance(self.consumed_raw_tokens + self.allowance_lead)
 
     def _next_micro_batch(self) -> MicroBatch:
         """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
@@ -141,10 +156,16 @@ class RolloutFeed:
                     continue
                 self.step_wait_s += time.monotonic() - started
                 starved_s = 0.0
+                consumed = self.consumed_raw_tokens
                 self._receive(result)
+                if self.consumed_raw_tokens != consumed:
+                    self.publish_allowance()
             batch = self._ready.pop(0)
             self._queued_samples -= sum(len(row) for row in batch)
+            consumed = self.consumed_raw_tokens
             batch = self._drop_stale(batch)
+            if self.consumed_raw_tokens != consumed:
+                self.publish_allowance()
             if any(batch):
                 self._step_batches.append(batch)
                 return batch

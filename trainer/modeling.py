@@ -4,12 +4,14 @@
   model frozen and excluded from weight sync), ``AutoModelForCausalLM`` otherwise;
 * weights in ``args.dtype`` (``model_init_kwargs['dtype']`` wins), attention switched to tree
   attention for packed training;
-* refusals: attention-sink models, non-attention layers (gated DeltaNet included, for now), LoRA on lm_head,
+* gated DeltaNet layers (Qwen3-Next, Qwen3.5) made tree-aware (:mod:`trainer.linear_attention`);
+* refusals: attention-sink models, other non-attention layers (Mamba/SSM), LoRA on lm_head,
   ``router_aux_loss_coef`` on a dense model.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +20,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.attention import use_tree_attention
+from trainer.linear_attention import install_tree_linear_attention, supports_tree_linear_attention
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ def load_policy(model: str | PreTrainedModel, args) -> PreTrainedModel:
     _apply_router_aux_loss_coef(policy, args.router_aux_loss_coef)
     policy.config.use_cache = False
     use_tree_attention(policy)
+    install_tree_linear_attention(policy)
     return policy
 
 
@@ -115,16 +119,15 @@ def check_supported_architecture(model: PreTrainedModel) -> None:
             "(only attention layers are)"
         )
     layer_types = set(getattr(config, "layer_types", None) or [])
-    if "linear_attention" in layer_types:
-        # Their convolution and recurrent state run along the packed row, not along each token's
-        # path in the trie, so a packed sample would read its siblings' tokens (measured: logits off
-        # by ~1e-2 against the unpacked forward). Refused until the tree-aware kernels land.
+    if "linear_attention" in layer_types and not supports_tree_linear_attention(model):
+        # Run along the packed row, their convolution and recurrent state would read sibling
+        # samples' tokens; only the gated DeltaNet kernels trainer.linear_attention wraps follow paths.
         raise ValueError(
-            f"model_type={model_type!r} has gated DeltaNet layers ('linear_attention'); tree packing "
-            "does not support them yet (their state would cross sample boundaries). Use a model whose "
-            "layers are all attention"
+            f"model_type={model_type!r} has 'linear_attention' layers that are not gated DeltaNet "
+            "layers with transformers' causal_conv1d_fn / torch_chunk_gated_delta_rule kernels; tree "
+            "packing cannot follow their state along each sample's path"
         )
-    unknown = layer_types - _SUPPORTED_LAYER_TYPES
+    unknown = layer_types - _SUPPORTED_LAYER_TYPES - {"linear_attention"}
     if unknown:
         raise ValueError(
             f"layer types {sorted(unknown)} are not supported by tree packing; supported: attention layers"
@@ -162,7 +165,12 @@ def _apply_router_aux_loss_coef(model: PreTrainedModel, coef: float | None) -> N
 
 
 def wrap_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
-    """Wrap ``model`` with a PEFT adapter; adapters on ``lm_head`` are refused."""
+    """Wrap ``model`` with a PEFT adapter; adapters on ``lm_head`` are refused.
+
+    On a vision-language checkpoint the adapter stays inside the language model (``all-linear``
+    would also reach the frozen vision tower): other modules are excluded, and an explicit target
+    outside the language model is refused.
+    """
     from peft import get_peft_model
 
     targets = peft_config.target_modules
@@ -171,7 +179,18 @@ def wrap_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
         raise ValueError("peft_config.target_modules: adapters on lm_head are not supported; remove lm_head")
     if "lm_head" in (getattr(peft_config, "modules_to_save", None) or []):
         raise ValueError("peft_config.modules_to_save: lm_head is not supported; remove it")
-    return get_peft_model(model, peft_config)
+    vlm = is_vision_language(model.config)
+    if vlm and getattr(peft_config, "exclude_modules", None) is None:
+        peft_config = copy.copy(peft_config)
+        peft_config.exclude_modules = r"(?!.*language_model\.).*"  # full-match: every non-text module
+    wrapped = get_peft_model(model, peft_config)
+    outside = [n for n, _ in wrapped.named_parameters() if "lora_" in n and not is_text_parameter(n)]
+    if vlm and outside:
+        raise ValueError(
+            f"peft_config.target_modules reaches {outside[0]} outside the language model; the vision "
+            "tower of a vision-language checkpoint stays frozen: target language-model modules only"
+        )
+    return wrapped
 
 
 def _is_peft(model) -> bool:
@@ -216,6 +235,36 @@ def named_weights_for_sync(model) -> Iterator[tuple[str, torch.Tensor]]:
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
         yield served, tensor
+
+
+def peft_adapter_config(model):
+    """The active adapter's PEFT config of a PEFT-wrapped model, None for a plain model."""
+    if not _is_peft(model):
+        return None
+    return model.peft_config[getattr(model, "active_adapter", "default")]
+
+
+def adapter_state_for_sync(model) -> tuple[dict[str, torch.Tensor], dict]:
+    """The adapter of a PEFT model as vLLM loads it: (PEFT-format tensors, ``adapter_config.json``).
+
+    Keys are PEFT's saved names (``base_model.model.<module>.lora_A.weight``, no adapter name).
+    DTensor shards (FSDP2) are gathered, a collective every rank must enter in the same order.
+    """
+    from peft.utils import get_peft_model_state_dict
+
+    config = peft_adapter_config(model)
+    full = {}
+    for name, param in model.named_parameters():
+        if "lora_" not in name:
+            continue
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        full[name] = tensor
+    tensors = get_peft_model_state_dict(model, state_dict=full, adapter_name=model.active_adapter)
+    document = config.to_dict()
+    document["inference_mode"] = True
+    return tensors, document
 
 
 # Module classes whose forward is a chain of element-wise kernels around (at most) a few GEMMs.

@@ -8,7 +8,8 @@ checkpoints, accelerate/FSDP2); what changes:
   micro-batches per optimizer step);
 * ``compute_loss`` runs the packed forward with tree attention and the GRPO loss of ``loss.py``;
 * after every optimizer step (:class:`_PipelineCallback`): step accounting, staleness allowance,
-  weight sync every ``weight_sync_steps``, epoch/stop bookkeeping;
+  weight sync every ``weight_sync_steps`` (full weights, a PEFT adapter merged into them, or the
+  adapter alone when the server serves LoRA: :mod:`trainer.weight_sync.lora`), epoch/stop bookkeeping;
 * ``log`` merges the metric window (both processes) and writes ``<output_dir>/metrics.jsonl``;
 * checkpoints also hold ``rollout_state.json`` (first untrained prompt position) for resume.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -37,6 +39,7 @@ from trainer.fused_head import fused_head_weight, lm_head_bypassed
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
 from trainer.modeling import (
+    adapter_state_for_sync,
     compile_pointwise_modules,
     empty_row_loss,
     eos_token_ids,
@@ -44,6 +47,7 @@ from trainer.modeling import (
     load_tokenizer,
     merged_adapter,
     named_weights_for_sync,
+    peft_adapter_config,
     prepare_tokenizer,
     wrap_peft,
 )
@@ -51,12 +55,20 @@ from trainer.perf import peak_flops, training_flops
 from trainer.progress import RunProgressCallback
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
-from trainer.server import served_models, wait_for_server
+from trainer.rollout_state import read_rollout_state, write_rollout_state
+from trainer.server import pick_served_model, served_models, wait_for_server
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
+from trainer.weight_sync.lora import (
+    LORA_DIR_NAME,
+    LoraPublisher,
+    adapter_rank,
+    adapter_sync_blocker,
+    check_server_lora,
+    server_lora,
+)
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_STATE_NAME = "rollout_state.json"
 METRICS_FILE = "metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
 
@@ -124,6 +136,8 @@ class AsyncGRPOTrainer(Trainer):
         self._pending_completions: list[dict] = []
         self._handle: RolloutWorkerHandle | None = None
         self._sync_client: WeightSyncClient | None = None
+        self._lora: LoraPublisher | None = None  # main process, adapter-only sync
+        self._sync_adapter_only = False  # every process
         self._feed: RolloutFeed | None = None
         self._start_position = 0
         self._model_version = 0
@@ -232,7 +246,7 @@ class AsyncGRPOTrainer(Trainer):
         token_budget = served_name = None
         if self.is_world_process_zero():
             wait_for_server(args.vllm_server_base_url, args.vllm_server_timeout)
-            served_name, max_model_len = _pick_served_model(
+            served_name, max_model_len = pick_served_model(
                 served_models(args.vllm_server_base_url), self.model_name
             )
             token_budget = args.token_budget or max_model_len
@@ -240,20 +254,24 @@ class AsyncGRPOTrainer(Trainer):
             warning = check_dtype(_training_dtype(self.model, args), info)
             if warning:
                 logger.warning(warning)
+            self._lora = self._lora_publisher(info)
             self._sync_client = WeightSyncClient(
                 args.vllm_server_base_url, timeout=min(args.vllm_server_timeout, 600)
             )
             self._sync_client.init()
+        self._sync_adapter_only = _any_rank(self._lora is not None)
         # The server may serve other weights (a resumed run's base model, an earlier run's policy):
         # start from exactly the trainer's policy, as version 0. Every rank gathers its shards.
         self._sync_weights(new_version=False)
         if not self.is_world_process_zero():
             return
         rows_per_step = args.gradient_accumulation_steps * self.accelerator.num_processes
+        # Until a step tells how many raw tokens a step takes: full rows, max(max_staleness, 1) steps.
+        lead = float(token_budget * rows_per_step * max(args.max_staleness, 1))
         tokenizer = self.processing_class
         self._handle = start_rollout_process(
             self.loop_cls,
-            initial_token_allowance=float(token_budget * rows_per_step * max(args.max_staleness, 1)),
+            initial_token_allowance=lead,
             initial_model_version=self._model_version,
             config=args,
             model_name=served_name,
@@ -264,8 +282,11 @@ class AsyncGRPOTrainer(Trainer):
             tools=self.tools or None,
             environment_factory=self.environment_factory,
             dataset_start_index=self._start_position,
+            lora_name=self._lora.lora_name if self._lora is not None else None,
         )
         self._feed.attach(self._next_group, token_budget)
+        self._feed.allowance_lead = lead
+        self._feed.on_allowance = self._handle.set_token_allowance
         logger.info(
             "rollout process pid %s started (server %s, model %s, token_budget %d, start position %d)",
             self._handle.pid,
@@ -273,6 +294,35 @@ class AsyncGRPOTrainer(Trainer):
             served_name,
             token_budget,
             self._start_position,
+        )
+
+    def _lora_publisher(self, info: dict) -> LoraPublisher | None:
+        """Adapter-only sync when the policy has a LoRA adapter and the server serves LoRA.
+
+        Otherwise (and for adapters vLLM cannot serve as they are) the adapter is merged into the
+        full weights at each sync. A LoRA server too small for the staleness window is an error that
+        names the flags to restart it with.
+        """
+        config = peft_adapter_config(self.accelerator.unwrap_model(self.model))
+        lora = server_lora(info)
+        if config is None or lora is None:
+            if config is not None:
+                logger.info("server has no --enable-lora: the adapter is merged and full weights synced")
+            return None
+        blocker = adapter_sync_blocker(config)
+        if blocker is not None:
+            logger.warning("adapter-only sync impossible, merging the adapter instead: %s", blocker)
+            return None
+        base_url = self.args.vllm_server_base_url
+        check_server_lora(
+            lora, rank=adapter_rank(config), max_staleness=self.args.max_staleness, base_url=base_url
+        )
+        return LoraPublisher(
+            base_url,
+            Path(self.args.output_dir) / LORA_DIR_NAME,
+            lora_name=f"grpo-{secrets.token_hex(4)}",  # unique per run: names never clash on a shared server
+            max_staleness=self.args.max_staleness,
+            timeout=min(self.args.vllm_server_timeout, 600),
         )
 
     def _next_group(self, timeout: float):
@@ -292,6 +342,9 @@ class AsyncGRPOTrainer(Trainer):
         if self._sync_client is not None:
             self._sync_client.close()
             self._sync_client = None
+        if self._lora is not None:
+            self._lora.close()
+            self._lora = None
         self._feed = None
 
     # --------------------------------------------------------------------------------- the loss
@@ -347,9 +400,8 @@ class AsyncGRPOTrainer(Trainer):
         if self.is_world_process_zero() and self._feed is not None:
             report = self._feed.finish_step()
             if self._handle is not None:
-                self._handle.set_token_allowance(
-                    self._feed.consumed_raw_tokens + max(self.args.max_staleness, 1) * report["raw_tokens"]
-                )
+                self._feed.allowance_lead = max(self.args.max_staleness, 1) * report["raw_tokens"]
+                self._feed.publish_allowance()
                 self._drain_rollout_metrics()
             self._record_perf(report, now)
             if self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__"):
@@ -389,21 +441,33 @@ class AsyncGRPOTrainer(Trainer):
                 w.add("perf/wall_clock_mfu", flops / (step_s * peak * n))
 
     def _sync_weights(self, new_version: bool = True) -> None:
-        """Push the policy to the server (every rank gathers; the main process sends)."""
+        """Push the policy to the server (every rank gathers; the main process sends).
+
+        Full weights (a PEFT adapter merged into them), or with adapter-only sync: the base weights
+        once at start, then each version's adapter alone.
+        """
         model = self.accelerator.unwrap_model(self.model)
-        with torch.no_grad(), merged_adapter(model):
-            tensors = list(named_weights_for_sync(model))
-            if self._sync_client is not None:
-                version = self._model_version + int(new_version)
-                timings = self._sync_client.sync(tensors, weight_version=str(version))
-                if new_version:
-                    for key, value in timings.items():
-                        self._window.add(key, value)
-        if not new_version:
-            return
-        self._model_version += 1
-        if self._handle is not None:
-            self._handle.set_model_version(self._model_version)
+        version = self._model_version + int(new_version)
+        timings: dict[str, float] = {}
+        with torch.no_grad():
+            if not (self._sync_adapter_only and new_version):
+                with nullcontext() if self._sync_adapter_only else merged_adapter(model):
+                    tensors = list(named_weights_for_sync(model))
+                    if self._sync_client is not None:
+                        timings = self._sync_client.sync(tensors, weight_version=str(version))
+            if self._sync_adapter_only:
+                adapter, document = adapter_state_for_sync(model)
+                if self._lora is not None:
+                    timings = self._lora.publish(version, adapter, document)
+        if new_version:
+            for key, value in timings.items():
+                self._window.add(key, value)
+            self._model_version += 1
+            if self._handle is not None:
+                self._handle.set_model_version(self._model_version)
+        if self._lora is not None:
+            pinned = self._handle.oldest_pinned_version() if self._handle is not None else None
+            self._lora.retire(self._model_version, pinned)
 
     # ----------------------------------------------------------------------------------- logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -473,29 +537,6 @@ class _PipelineCallback(TrainerCallback):
 
 
 # ------------------------------------------------------------------------------------- helpers
-def read_rollout_state(checkpoint: str | os.PathLike) -> int:
-    """The first untrained prompt position stored in a checkpoint (0 when it has no rollout state)."""
-    path = Path(checkpoint) / ROLLOUT_STATE_NAME
-    if not path.exists():
-        logger.warning(
-            "%s has no %s: the rollout restarts from the first prompt", checkpoint, ROLLOUT_STATE_NAME
-        )
-        return 0
-    return int(json.loads(path.read_text())["first_untrained_prompt_index"])
-
-
-def write_rollout_state(folder: Path, position: int, dataset) -> None:
-    """Write ``rollout_state.json``: the first untrained prompt position (global: epoch × len + row)."""
-    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
-    state = {
-        "first_untrained_prompt_index": int(position),
-        "epoch": int(position // size) if size else None,
-        "row_index": int(position % size) if size else None,
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ROLLOUT_STATE_NAME).write_text(json.dumps(state, indent=2))
-
-
 def _check_prompts_text_only(dataset, rows: int = 256) -> None:
     """Fail at construction (not in the rollout process) when the first prompts carry images."""
     try:
@@ -523,21 +564,6 @@ def _as_reward_list(reward_funcs) -> list[Callable]:
                 "function (sync or async) that returns one float per completion"
             )
     return funcs
-
-
-def _pick_served_model(served: list[dict], wanted: str) -> tuple[str, int]:
-    """The served model id matching ``wanted`` (or the only one served) and its max_model_len."""
-    if not served:
-        raise RuntimeError("the vLLM server serves no model (/v1/models is empty)")
-    for entry in served:
-        if entry["id"] == wanted:
-            return entry["id"], int(entry["max_model_len"])
-    if len(served) == 1:
-        logger.info(
-            "server serves %r, trainer loaded %r: generating with the served one", served[0]["id"], wanted
-        )
-        return served[0]["id"], int(served[0]["max_model_len"])
-    raise RuntimeError(f"the server serves {[e['id'] for e in served]}, none of them {wanted!r}")
 
 
 def _any_rank(flag: bool) -> bool:

@@ -46,7 +46,11 @@ __all__ = [
 
 
 class VLLMRequestError(RuntimeError):
-    """The server refused a request (4xx) or every retry failed."""
+    """The server refused a request (4xx; ``status``) or every retry failed (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -328,7 +332,7 @@ class VLLMClient:
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         status, body = await self._request(method, path, **kwargs)
         if status >= 400:
-            raise VLLMRequestError(f"{method} {self.base_url + path}: HTTP {status}: {body[:1000]}")
+            raise VLLMRequestError(f"{method} {self.base_url + path}: HTTP {status}: {body[:1000]}", status)
         return json.loads(body)
 
     # --- server state ----------------------------------------------------------------------------

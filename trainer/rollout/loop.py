@@ -32,7 +32,7 @@ import os
 import time
 import traceback
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ import numpy as np
 
 from trainer.chat_template import assistant_message_from_text, check_text_only, parse_tool_calls
 from trainer.metrics import MetricWindow
-from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient
+from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
 from trainer.rollout.flow import POLL_INTERVAL_S, ConcurrencyController, StalenessGate
 from trainer.rollout.multiturn import (
     EnvironmentPool,
@@ -69,8 +69,8 @@ METRICS_FLUSH_INTERVAL_S = 0.5
 ADMIT_POLL_S = 0.02
 RENDER_CACHE_SIZE = 1024
 
-# The served model name of the rollout running in the current task (LoRA: pinned per rollout).
-_request_model: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_model", default=None)
+# The policy version the rollout running in the current task is pinned to (LoRA adapter serving).
+_pinned_version: contextvars.ContextVar[int | None] = contextvars.ContextVar("pinned_version", default=None)
 
 
 def lora_adapter_name(lora_name: str, version: int) -> str:
@@ -147,8 +147,11 @@ class AsyncRolloutLoop:
         self.score_queue_maxsize = score_queue_maxsize
         self.lora_name = lora_name
         self.dataset_start_index = int(dataset_start_index)
-        # Set by the process wrapper: a multiprocessing.Event that asks the loop to stop.
+        # Set by the process wrapper: a multiprocessing.Event that asks the loop to stop, and a
+        # multiprocessing.Value('i') where the loop reports the oldest version a rollout is pinned to.
         self.stop_event: Any = None
+        self.oldest_pinned_version: Any = None
+        self._pinned: Counter[int] = Counter()
         self.window = MetricWindow()
         self.server: ServerSettings | None = None
         self.client: VLLMClient | None = None
@@ -217,7 +220,31 @@ class AsyncRolloutLoop:
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
         """Sample one reply to ``prompt_ids`` on the vLLM server with the config's sampling settings."""
         assert self.client is not None, "generate_one_turn called before the loop started"
-        return await self.client.generate(prompt_ids, self.sampling, model=_request_model.get())
+        model = self.request_model()
+        try:
+            return await self.client.generate(prompt_ids, self.sampling, model=model)
+        except VLLMRequestError as exc:
+            if model is None or exc.status != 404:
+                raise
+            # The trainer unloaded this adapter between the check above and the request (a sync).
+            self._repin(int(self.model_version_value.value))
+            return await self.client.generate(prompt_ids, self.sampling, model=self.request_model())
+
+    def request_model(self) -> str | None:
+        """The model name this rollout's requests use (None: the served model).
+
+        With LoRA adapter serving, a rollout keeps the adapter of the version it started under, so
+        it never switches policy mid-generation. An adapter that left the staleness window has been
+        unloaded; its rollout moves to the current version (its group is stale: the trainer drops it).
+        """
+        version = _pinned_version.get()
+        if self.lora_name is None or version is None:
+            return None
+        current = int(self.model_version_value.value)
+        if version < current - self.config.max_staleness:
+            self._repin(current)
+            version = current
+        return lora_adapter_name(self.lora_name, version)
 
     def compute_advantages(self, group: RolloutGroup) -> np.ndarray:
         """(G,) advantages: rewards standardized within the group; NaN rewards get 0."""
@@ -376,6 +403,7 @@ class AsyncRolloutLoop:
     async def _heartbeat(self) -> None:
         while True:
             self.heartbeat_value.value = time.time()
+            self._report_oldest_pinned()  # follows the version while no rollout is pinned
             stop_requested = self.stop_event is not None and self.stop_event.is_set()
             if stop_requested or os.getppid() != self._ppid:  # parent gone: never outlive it
                 self._stopping.set()
@@ -559,7 +587,7 @@ class AsyncRolloutLoop:
             if not version_box:  # the group's version: when its first rollout started
                 version_box.append(int(self.model_version_value.value))
             if self.lora_name is not None:
-                _request_model.set(lora_adapter_name(self.lora_name, int(self.model_version_value.value)))
+                self._pin(int(self.model_version_value.value))
             prompt = row.get("prompt")
             env = key = None
             tools = list(self.tools)
@@ -578,7 +606,36 @@ class AsyncRolloutLoop:
                 self._env_pool.release(key, env)
             return _RolloutOutcome(prompt, rollout, env_reward, time.monotonic() - dispatched)
         finally:
+            if self.lora_name is not None:
+                self._unpin()
             await self._release_slot()
+
+    # ==== LoRA adapter pinning ===================================================================
+    def _pin(self, version: int) -> None:
+        """Pin the current task's rollout to ``version`` (its requests use that version's adapter)."""
+        _pinned_version.set(version)
+        self._pinned[version] += 1
+        self._report_oldest_pinned()
+
+    def _unpin(self) -> None:
+        version = _pinned_version.get()
+        if version is None:
+            return
+        _pinned_version.set(None)
+        self._pinned[version] -= 1
+        if self._pinned[version] <= 0:
+            del self._pinned[version]
+        self._report_oldest_pinned()
+
+    def _repin(self, version: int) -> None:
+        self._unpin()
+        self._pin(version)
+
+    def _report_oldest_pinned(self) -> None:
+        """Tell the trainer the oldest version in use: it deletes older adapters' files only."""
+        if self.oldest_pinned_version is not None:
+            current = int(self.model_version_value.value)
+            self.oldest_pinned_version.value = min(self._pinned, default=current)
 
     async def _reset_env(self, env: object, row: dict[str, Any], prompt: Any) -> list[dict[str, Any]] | None:
         kwargs = {k: v for k, v in row.items() if k not in ("prompt", "environment")}

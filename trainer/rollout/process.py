@@ -8,6 +8,8 @@ talks to the trainer only through the objects :func:`start_rollout_process` crea
 * ``model_version_value`` (``'i'``): the trainer increments it after each weight sync;
 * ``token_allowance`` (``'d'``): the cumulative token ceiling (see ``flow.StalenessGate``);
 * ``heartbeat_value`` (``'d'``): ``time.time()`` refreshed by the child every 0.25 s;
+* ``oldest_pinned_version`` (``'i'``): the oldest policy version an in-flight rollout is pinned to
+  (LoRA adapter serving: the trainer keeps that adapter's files until no rollout needs them);
 * ``failed_event`` + ``exception_info_queue``: the child's exception and traceback;
 * ``stop_event``: asks the child to stop.
 
@@ -77,7 +79,7 @@ def _close_parent_write_end(q: Any) -> None:
         writer.close()
 
 
-def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any) -> None:
+def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any, pinned_value: Any = None) -> None:
     """Child entry point: build the loop and run it until stopped."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     # Ctrl-C reaches the whole process group; the trainer decides when the worker stops.
@@ -96,6 +98,7 @@ def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any) -> No
         kwargs["failed_event"].set()
         raise
     loop.stop_event = stop_event
+    loop.oldest_pinned_version = pinned_value
     loop.run()
 
 
@@ -121,6 +124,7 @@ class RolloutWorkerHandle:
         failed_event: Any,
         stop_event: Any,
         timeout: float,
+        oldest_pinned_version: Any = None,
     ) -> None:
         self.process = process
         self.rollout_buffer = rollout_buffer
@@ -132,6 +136,7 @@ class RolloutWorkerHandle:
         self.failed_event = failed_event
         self.stop_event = stop_event
         self.timeout = timeout
+        self._oldest_pinned = oldest_pinned_version
         self._stopped = False
         self._failure: str | None = None
 
@@ -152,6 +157,10 @@ class RolloutWorkerHandle:
         self.model_version_value.value = int(version)
 
     # --- worker -> trainer -----------------------------------------------------------------------
+    def oldest_pinned_version(self) -> int | None:
+        """The oldest policy version an in-flight rollout still generates with (None: not tracked)."""
+        return None if self._oldest_pinned is None else int(self._oldest_pinned.value)
+
     def check_health(self) -> None:
         """Raise ``RuntimeError`` naming the rollout process if it failed, died or stopped beating."""
         if self._failure is not None:
@@ -268,8 +277,11 @@ def start_rollout_process(
         "metrics_queue": ctx.Queue(),
     }
     stop_event = ctx.Event()
+    pinned_value = ctx.Value("i", int(initial_model_version))
     process = ctx.Process(
-        target=_rollout_main, args=(loop_cls, {**loop_kwargs, **shared}, stop_event), name="rollout-worker"
+        target=_rollout_main,
+        args=(loop_cls, {**loop_kwargs, **shared}, stop_event, pinned_value),
+        name="rollout-worker",
     )
     # The spawned interpreter inherits the environment at start: hide every GPU from it.
     previous = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -295,6 +307,7 @@ def start_rollout_process(
         failed_event=shared["failed_event"],
         stop_event=stop_event,
         timeout=float(getattr(config, "rollout_worker_timeout", 300.0)),
+        oldest_pinned_version=pinned_value,
     )
     atexit.register(handle.stop)  # never leave an orphan behind a trainer that forgot stop()
     return handle

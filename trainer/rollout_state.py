@@ -1,0 +1,35 @@
+"""``rollout_state.json`` in a checkpoint: where the rollout process resumes in the prompt stream."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_STATE_NAME = "rollout_state.json"
+
+
+def read_rollout_state(checkpoint: str | os.PathLike) -> int:
+    """The first untrained prompt position stored in a checkpoint (0 when it has no rollout state)."""
+    path = Path(checkpoint) / ROLLOUT_STATE_NAME
+    if not path.exists():
+        logger.warning(
+            "%s has no %s: the rollout restarts from the first prompt", checkpoint, ROLLOUT_STATE_NAME
+        )
+        return 0
+    return int(json.loads(path.read_text())["first_untrained_prompt_index"])
+
+
+def write_rollout_state(folder: Path, position: int, dataset) -> None:
+    """Write ``rollout_state.json``: the first untrained prompt position (global: epoch × len + row)."""
+    size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+    state = {
+        "first_untrained_prompt_index": int(position),
+        "epoch": int(position // size) if size else None,
+        "row_index": int(position % size) if size else None,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ROLLOUT_STATE_NAME).write_text(json.dumps(state, indent=2))
