@@ -48,6 +48,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.linear_attention import install_tree_linear_attention
 from trainer.loss import LossConfig, LossOutput, packed_row_loss
 from trainer.modeling import compile_pointwise_modules
 from trainer.packing import PackedRow, TokenBudgetBatcher, pack_row
@@ -73,6 +74,34 @@ SHAPES: dict[str, dict[str, Any]] = {
         head_dim=128,
         intermediate_size=6144,
         vocab_size=151936,
+    ),
+    # Qwen3.5-style hybrid at the 0.6B sizes: 3 of every 4 layers gated DeltaNet (tree-aware kernels
+    # of trainer.linear_attention), the 4th full attention.
+    "hybrid-0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        linear_num_value_heads=16,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+    ),
+    "tiny-hybrid": dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=2048,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
     ),
     # CPU smoke test only.
     "tiny": dict(
@@ -353,17 +382,25 @@ def matmul_ceiling(device: torch.device, size: int = 8192, reps: int = 10) -> fl
 def build_model(
     shape: str, device: torch.device, checkpointing: bool = True, compile_pointwise: bool = False
 ) -> Qwen3ForCausalLM:
-    """Random-init Qwen3 of ``shape`` in bf16 (gradient checkpointing unless told), in train mode."""
+    """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
+    told), in train mode."""
     torch.manual_seed(0)
-    config = Qwen3Config(
-        **SHAPES[shape],
-        tie_word_embeddings=True,
-        max_position_embeddings=40960,
-        attention_dropout=0.0,
-        use_cache=False,
+    common = dict(
+        tie_word_embeddings=True, max_position_embeddings=40960, attention_dropout=0.0, use_cache=False
     )
-    with torch.device(device):
-        model = Qwen3ForCausalLM(config)
+    if is_hybrid(shape):
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        layers = SHAPES[shape]["num_hidden_layers"]
+        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+        config = Qwen3_5TextConfig(**SHAPES[shape], layer_types=types, **common)
+        with torch.device(device):
+            model = Qwen3_5ForCausalLM(config)
+        install_tree_linear_attention(model)
+    else:
+        config = Qwen3Config(**SHAPES[shape], **common)
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
     model = model.to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable()
@@ -371,6 +408,10 @@ def build_model(
         compile_pointwise_modules(model)
     model.train()
     return model
+
+
+def is_hybrid(shape: str) -> bool:
+    return "hybrid" in shape
 
 
 def _median(values: list[float]) -> float:
@@ -424,7 +465,9 @@ def run_config(
     fwd_bwd = _median(timing["fwd_bwd_s"])
     opt = _median(timing["optimizer_s"])
     trained = row.num_trained_tokens
-    flops = training_flops(model.config, real, pairs)
+    # the FLOPs model counts attention layers only: no MFU for a hybrid's linear-attention layers
+    hybrid = "linear_attention" in (getattr(model.config, "layer_types", None) or [])
+    flops = None if hybrid else training_flops(model.config, real, pairs)
     peak = peak_flops(device, "bf16")
     record = {
         "mode": mode,
@@ -560,6 +603,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="qwen3-0.6b:3.4,qwen3-0.6b:1.0,qwen3-0.6b:2.0,qwen3-1.7b:3.4,qwen3-1.7b:1.0,qwen3-1.7b:2.0",
         help="shape:workload pairs in run order (the most important first: a time budget cuts the tail)",
     )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="layouts to measure (hybrids: tree,padding_free)"
+    )
     parser.add_argument("--token-budget", type=int, default=16384, help="unique tokens per packed row")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
@@ -599,7 +645,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.device(args.device)
     plan = [tuple(item.split(":")) for item in args.plan.split(",")]
     if args.tiny:
-        plan = list(dict.fromkeys(("tiny", w) for _, w in plan))
+        plan = list(dict.fromkeys(("tiny-hybrid" if is_hybrid(s) else "tiny", w) for s, w in plan))
         args.token_budget = min(args.token_budget, 1024)
     loss_config = LossConfig()
     report: dict[str, Any] = {
@@ -650,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.check_head and shape not in report["head_agreement"]:
             report["head_agreement"][shape] = head_agreement(model, data["tree"], device, loss_config)
             print(f"{shape} fused vs model head: {report['head_agreement'][shape]}", flush=True)
-        for mode in MODES:
+        for mode in args.modes.split(","):
             record = measure(model, mode, data, device, args, loss_config, report)
             if record is None:
                 continue
