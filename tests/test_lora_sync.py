@@ -320,16 +320,8 @@ def test_lora_server_too_small_for_the_staleness_window_is_refused(lora_server, 
 
 def _tree_logprobs(model, ids: list[int], out: list[int]) -> torch.Tensor:
     """The trained model's logprobs of ``out`` after ``ids`` (it runs with tree attention)."""
-    from trainer.attention import TreeMask
+    from trainer.attention import sequence_forward_kwargs
 
-    full = torch.tensor([ids + out])
-    n = full.shape[1]
-    inputs = dict(
-        input_ids=full,
-        position_ids=torch.arange(n)[None],
-        tree_mask=TreeMask(torch.arange(n), torch.full((n,), n), backend="sdpa"),
-        use_cache=False,
-    )
     with torch.no_grad():
-        logp = model(**inputs).logits.log_softmax(-1)[0, len(ids) - 1 : -1]
-    return logp.gather(-1, torch.tensor(out)[:, None])[:, 0]
+        logp = model(**sequence_forward_kwargs(ids + out, backend="sdpa")).logits.log_softmax(-1)[0]
+    return logp[len(ids) - 1 : -1].gather(-1, torch.tensor(out)[:, None])[:, 0]

@@ -18,7 +18,7 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
-from trainer.attention import TreeMask, tree_forward_kwargs
+from trainer.attention import sequence_forward_kwargs, tree_forward_kwargs
 from trainer.linear_attention import CONV_FUNCTION, DELTA_RULE_FUNCTION, linear_attention_modules
 from trainer.modeling import check_supported_architecture, load_policy
 from trainer.packing import pack_row
@@ -48,13 +48,7 @@ def _packed_vs_unpacked(model, samples: list[TrainingSequence] | None = None) ->
     with torch.no_grad():
         packed = model(**tree_forward_kwargs(row)).logits[0]
         for sample_id, sample in enumerate(samples):
-            n = len(sample.input_ids)
-            alone = model(
-                input_ids=torch.tensor([sample.input_ids]),
-                position_ids=torch.arange(n)[None],
-                tree_mask=TreeMask(torch.arange(n), torch.full((n,), n)),
-                use_cache=False,
-            ).logits[0]
+            alone = model(**sequence_forward_kwargs(sample.input_ids)).logits[0]
             rows = row.logit_index[row.sample_index == sample_id]
             predicting = [i - 1 for i, m in enumerate(sample.loss_mask) if m]
             assert len(rows) == len(predicting) > 0
@@ -162,13 +156,7 @@ def test_gated_deltanet_hybrids_pack_exactly(family):
     packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     for sample in samples:
-        n = len(sample.input_ids)
-        alone = model(
-            input_ids=torch.tensor([sample.input_ids]),
-            position_ids=torch.arange(n)[None],
-            tree_mask=TreeMask(torch.arange(n), torch.full((n,), n)),
-            use_cache=False,
-        ).logits[0]
+        alone = model(**sequence_forward_kwargs(sample.input_ids)).logits[0]
         _trained_logprob_sum_alone(alone, sample).backward()
     for name, grad in packed.items():
         torch.testing.assert_close(

@@ -277,15 +277,10 @@ def test_lora_adapter_is_merged_and_synced(vllm_server, tiny_model_dir, tmp_path
         torch.testing.assert_close(dict(trainer.model.named_parameters())[name].detach(), before, msg=name)
     # ... and the adapter changes the policy by far more than the 1e-3 above, so a sync that sent the
     # base weights alone would have failed that check
-    from trainer.attention import TreeMask
+    from trainer.attention import sequence_forward_kwargs
 
-    ids = torch.tensor([trainer.processing_class("What is 12 + 30?")["input_ids"]])
-    n = ids.shape[1]
-    inputs = dict(
-        input_ids=ids,
-        position_ids=torch.arange(n)[None],
-        tree_mask=TreeMask(torch.arange(n), torch.full((n,), n), backend="sdpa"),
-        use_cache=False,
+    inputs = sequence_forward_kwargs(
+        trainer.processing_class("What is 12 + 30?")["input_ids"], backend="sdpa"
     )
     with torch.no_grad():
         adapted = trainer.model(**inputs).logits.log_softmax(-1)

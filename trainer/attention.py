@@ -255,4 +255,20 @@ def tree_forward_kwargs(
     }
 
 
+def sequence_forward_kwargs(
+    input_ids: list[int] | torch.Tensor, device: torch.device | str | None = None, backend: str = "auto"
+) -> dict[str, Any]:
+    """Forward arguments of one unpacked sequence (a chain: every token sees all before it), for
+    models switched to tree attention. Same keys as :func:`tree_forward_kwargs`."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device).reshape(-1)
+    n = ids.numel()
+    positions = torch.arange(n, device=ids.device)
+    return {
+        "input_ids": ids[None],
+        "position_ids": positions[None],
+        "tree_mask": TreeMask(positions, torch.full_like(positions, n), backend=backend),
+        "use_cache": False,
+    }
+
+
 register_tree_attention()
