@@ -102,14 +102,15 @@ def _hybrid_config(cls, **extra):
 
 
 def _branching_samples(seed: int = 0) -> list[TrainingSequence]:
-    """Three samples over a 3-level trie longer than the delta rule's 64-token chunks:
-    prompt P (70) → A (75) → {B (40), C (3)}, and P → D (90); trained on everything after P."""
+    """Four samples, two tries: prompt P (70) → A (75) → {B (40), C (3)} and P → D (90), longer
+    than the delta rule's 64-token chunks, plus prompt E (30) → F (20) of another group (trained on
+    everything after the prompt). Segments of one depth differ in length, so batched waves pad."""
     g = torch.Generator().manual_seed(seed)
     part = lambda n: torch.randint(1, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
-    p, a, b, c, d = part(70), part(75), part(40), part(3), part(90)
+    p, a, b, c, d, e, f = part(70), part(75), part(40), part(3), part(90), part(30), part(20)
     out = []
-    for ids in (p + a + b, p + a + c, p + d):
-        mask = [0] * len(p) + [1] * (len(ids) - len(p))
+    for prompt, ids in ((p, p + a + b), (p, p + a + c), (p, p + d), (e, e + f)):
+        mask = [0] * len(prompt) + [1] * (len(ids) - len(prompt))
         out.append(TrainingSequence(ids, mask, [0.0] * len(ids), [None] * len(ids), advantage=1.0))
     return out
 

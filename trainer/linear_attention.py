@@ -17,8 +17,8 @@ through the tree mask; a gated DeltaNet layer has two sequential parts that must
 (transformers passes the forward's keyword arguments down to them) they run the tree version,
 otherwise the original (generation with a cache is untouched).
 
-Cost: the convolution is K gathers; the delta rule runs once per segment, in order (parents
-first), so a row of G completions of one prompt is 1 + G calls per layer.
+Cost: the convolution is K gathers; the delta rule runs once per depth of the segment tree (all
+prompts, then all completions: 2 batched calls per layer for single-turn groups).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 CONV_FUNCTION = "causal_conv1d_fn"
 DELTA_RULE_FUNCTION = "torch_chunk_gated_delta_rule"
@@ -44,10 +45,13 @@ class TreePaths:
         parent: (L,) long, the previous token on each token's path; -1 for a root.
         segments: ``(start, end, parent_token)``: tokens ``start .. end - 1`` continue each other;
             the segment's state starts from ``parent_token``'s final state (-1: the zero state).
+        waves: segment indices grouped by depth in the segment tree: every segment of a wave
+            starts from a state the earlier waves computed, so a wave runs as one batch.
     """
 
     parent: torch.Tensor
     segments: list[tuple[int, int, int]]
+    waves: list[list[int]]
 
 
 def tree_paths(tin: torch.Tensor, tout: torch.Tensor) -> TreePaths:
@@ -69,7 +73,12 @@ def tree_paths(tin: torch.Tensor, tout: torch.Tensor) -> TreePaths:
     cuts = sorted(set(starts) | {p + 1 for p in branched_from if p + 1 < length})
     ends = cuts[1:] + [length]
     segments = [(a, b, int(parent[a])) for a, b in zip(cuts, ends, strict=True)]
-    return TreePaths(parent=parent, segments=segments)
+    segment_ending_at = {b - 1: i for i, (_, b, _) in enumerate(segments)}
+    depth: list[int] = []
+    for _, _, p in segments:  # parents come first in a depth-first layout
+        depth.append(0 if p < 0 else depth[segment_ending_at[p]] + 1)
+    waves = [[i for i, d in enumerate(depth) if d == level] for level in range(max(depth) + 1)]
+    return TreePaths(parent=parent, segments=segments, waves=waves)
 
 
 def _row_paths(tree_mask, batch: int) -> list[TreePaths]:
@@ -139,34 +148,47 @@ def tree_chunk_gated_delta_rule(
     tree_mask,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """``delta_rule`` run segment by segment, each starting from its parent token's final state.
+    """``delta_rule`` along the trie: each segment starts from its parent token's final state.
 
     Shapes as transformers' ``torch_chunk_gated_delta_rule``: query/key (B, L, H, Dk), value
     (B, L, H, Dv), g and beta (B, L, H). Returns ((B, L, H, Dv), None): training keeps no state.
+    The segments of one wave (same depth) run as one batch, right-padded with zeros: a padded
+    token has ``beta = 0`` (writes nothing) and ``g = 0`` (decays nothing), so each segment's
+    outputs and final state are exactly its own (the kernel pads its chunks the same way).
     """
     if kwargs.pop("initial_state", None) is not None:
         raise ValueError("gated DeltaNet tree packing runs without a cache (initial_state must be None)")
     kwargs.pop("output_final_state", None)
+    heads, key_dim, value_dim = value.shape[-2], key.shape[-1], value.shape[-1]
     outputs = []
     for b, paths in enumerate(_row_paths(tree_mask, query.shape[0])):
-        finals: dict[int, torch.Tensor] = {}
-        pieces = []
-        for start, end, parent in paths.segments:
-            part = slice(start, end)
+        finals: dict[int, torch.Tensor] = {}  # segment end token -> (H, Dk, Dv) state
+        pieces: dict[int, torch.Tensor] = {}  # segment start -> (T, H, Dv) output
+        zero_state = query.new_zeros((heads, key_dim, value_dim), dtype=torch.float32)
+        for wave in paths.waves:
+            segments = [paths.segments[i] for i in wave]
+
+            def batch(x: torch.Tensor) -> torch.Tensor:
+                return pad_sequence([x[b, s:e] for s, e, _ in segments], batch_first=True)  # noqa: B023
+
+            initial = None
+            if any(p >= 0 for _, _, p in segments):
+                initial = torch.stack([finals[p] if p >= 0 else zero_state for _, _, p in segments])
             out, state = delta_rule(
-                query[b : b + 1, part],
-                key[b : b + 1, part],
-                value[b : b + 1, part],
-                g=g[b : b + 1, part],
-                beta=beta[b : b + 1, part],
-                initial_state=finals.get(parent) if parent >= 0 else None,
+                batch(query),
+                batch(key),
+                batch(value),
+                g=batch(g),
+                beta=batch(beta),
+                initial_state=initial,
                 output_final_state=True,
                 **kwargs,
             )
-            finals[end - 1] = state
-            pieces.append(out)
-        outputs.append(torch.cat(pieces, dim=1))
-    return torch.cat(outputs, dim=0), None
+            for j, (start, end, _) in enumerate(segments):
+                pieces[start] = out[j, : end - start]
+                finals[end - 1] = state[j]
+        outputs.append(torch.cat([pieces[s] for s, _, _ in paths.segments], dim=0))
+    return torch.stack(outputs), None
 
 
 def _wrap_conv(original: Callable) -> Callable:
