@@ -218,7 +218,11 @@ class AsyncRolloutLoop:
         )
 
     async def generate_one_turn(self, prompt_ids: list[int]) -> TurnRecord:
-        """Sample one reply to ``prompt_ids`` on the vLLM server with the config's sampling settings."""
+        """Sample one reply to ``prompt_ids`` on the vLLM server with the config's sampling settings.
+
+        An override that calls ``self.client.generate`` itself passes ``model=self.request_model()``:
+        with LoRA adapter serving, that is the adapter of the policy version the rollout started under.
+        """
         assert self.client is not None, "generate_one_turn called before the loop started"
         model = self.request_model()
         try:
