@@ -95,6 +95,24 @@ def _row_paths(tree_mask, batch: int) -> list[TreePaths]:
     return cached
 
 
+def _row_ancestors(tree_mask, batch: int, taps: int, device: torch.device) -> list[torch.Tensor]:
+    """Per batch row, (taps - 1, L) long on ``device``: each token's 1st .. (taps-1)th predecessor on
+    its path (-1: none). Cached on the mask, so every layer of a forward shares one copy."""
+    key = ("ancestors", taps, device)
+    if key not in tree_mask._cache:
+        rows = []
+        for paths in _row_paths(tree_mask, batch):
+            parent = paths.parent.to(device)
+            ancestor = torch.arange(parent.numel(), device=device)
+            lags = []
+            for _ in range(1, taps):
+                ancestor = torch.where(ancestor >= 0, parent[ancestor.clamp(min=0)], ancestor)
+                lags.append(ancestor)
+            rows.append(torch.stack(lags) if lags else parent.new_empty((0, parent.numel())))
+        tree_mask._cache[key] = rows
+    return tree_mask._cache[key]
+
+
 def tree_causal_conv1d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, tree_mask
 ) -> torch.Tensor:
@@ -111,14 +129,12 @@ def tree_causal_conv1d(
     xw = x.to(weight.dtype)
     out = xw * weight[:, taps - 1, None]
     rows = []
-    for b, paths in enumerate(_row_paths(tree_mask, batch)):
-        parent = paths.parent.to(x.device)
-        if parent.numel() != length:
-            raise ValueError(f"tree mask covers {parent.numel()} tokens, the convolution has {length}")
+    for b, ancestors in enumerate(_row_ancestors(tree_mask, batch, taps, x.device)):
+        if ancestors.shape[-1] != length:
+            raise ValueError(f"tree mask covers {ancestors.shape[-1]} tokens, the convolution has {length}")
         row = out[b]
-        ancestor = torch.arange(length, device=x.device)
         for lag in range(1, taps):
-            ancestor = torch.where(ancestor >= 0, parent[ancestor.clamp(min=0)], ancestor)
+            ancestor = ancestors[lag - 1]
             present = (ancestor >= 0).to(xw.dtype)
             row = row + xw[b][:, ancestor.clamp(min=0)] * present * weight[:, taps - 1 - lag, None]
         rows.append(row)

@@ -231,10 +231,13 @@ def named_weights_for_sync(model) -> Iterator[tuple[str, torch.Tensor]]:
         served = served_parameter_name(name)
         if served is None or (vlm and not is_text_parameter(served)):
             continue
-        tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
-        yield served, tensor
+        yield served, full_weight(param)
+
+
+def full_weight(param: torch.Tensor) -> torch.Tensor:
+    """``param`` detached, its DTensor shards (FSDP2) gathered: a collective every rank enters."""
+    tensor = param.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def peft_adapter_config(model):
@@ -253,14 +256,7 @@ def adapter_state_for_sync(model) -> tuple[dict[str, torch.Tensor], dict]:
     from peft.utils import get_peft_model_state_dict
 
     config = peft_adapter_config(model)
-    full = {}
-    for name, param in model.named_parameters():
-        if "lora_" not in name:
-            continue
-        tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
-        full[name] = tensor
+    full = {name: full_weight(param) for name, param in model.named_parameters() if "lora_" in name}
     tensors = get_peft_model_state_dict(model, state_dict=full, adapter_name=model.active_adapter)
     document = config.to_dict()
     document["inference_mode"] = True

@@ -28,12 +28,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-import torch
 
 from trainer.rollout.loop import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
