@@ -197,7 +197,12 @@ def test_environment_without_dataset_owns_prompts_reward_and_tools(vllm_server, 
     assert "rewards/IncrementEnv/mean" in seen  # get_reward is a reward source named after the class
     assert all(v >= 0 for v in seen["env/reset_s"]) and all(v >= 0 for v in seen["env/reward_s"])
     assert "tools/call_frequency" in seen and "rollout/turns_max" in seen
-    assert "rollout/fork_frac" in seen and "rollout/samples_per_rollout" in seen
+    assert "rollout/samples_per_rollout" in seen
+    # The tiny model calls `increment` on ~1% of these prompts (measured: 2 of 300 at T=1), so a
+    # 3-step run may hold no tool call; fork_frac is over turn transitions and is logged exactly
+    # when one happened (multi-turn reconciliation is checked for sure in test_rollout_live).
+    called = any(v > 0 for v in seen["tools/call_frequency"])
+    assert ("rollout/fork_frac" in seen) == called and (max(seen["rollout/turns_max"]) > 1) == called
     # The environment's reward reaches the loss: groups it split were trained on, with a gradient.
     assert any(v > 0 for v in seen["grad_norm"]), seen["grad_norm"]
     assert all(v > 1.0 for v in seen["batch/packing_ratio"])  # the group shares its prompt
