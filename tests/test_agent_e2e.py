@@ -169,8 +169,11 @@ def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
 
 
 def _rows(output_dir: Path) -> list[dict]:
+    """One row per optimizer step. A step's row holds the rollout metrics (``reward``, ``env/*``) of
+    the groups scored since the previous row, so a step fed only by groups scored earlier has none."""
     with open(output_dir / "metrics.jsonl") as fh:
-        return [json.loads(line) for line in fh if '"reward"' in line]
+        rows = [json.loads(line) for line in fh]
+    return [row for row in rows if "loss" in row]
 
 
 def _merged(rows: list[dict]) -> dict:
@@ -194,6 +197,7 @@ def test_environment_without_dataset_owns_prompts_reward_and_tools(vllm_server, 
     rows = _rows(tmp_path)
     assert len(rows) == 3
     seen = _merged(rows)
+    assert [row["step"] for row in rows] == [1, 2, 3]
     assert "rewards/IncrementEnv/mean" in seen  # get_reward is a reward source named after the class
     assert all(v >= 0 for v in seen["env/reset_s"]) and all(v >= 0 for v in seen["env/reward_s"])
     assert "tools/call_frequency" in seen and "rollout/turns_max" in seen

@@ -84,10 +84,10 @@ def test_rollout_pinned_to_a_retired_version_moves_to_the_current_one():
     version = mp.Value("i", 0)
     oldest = mp.Value("i", 0)
     loop = _loop(version, lora_name="run", max_staleness=1)
-    loop.oldest_pinned_version = oldest
+    loop.pins.oldest_pinned_version = oldest
 
     async def rollout():
-        loop._pin(0)
+        loop.pins.pin(0)
         first = loop.request_model()
         version.value = 1  # still inside the window: keeps its adapter
         kept = loop.request_model()
@@ -96,9 +96,9 @@ def test_rollout_pinned_to_a_retired_version_moves_to_the_current_one():
         return first, kept, moved, oldest.value
 
     assert asyncio.run(rollout()) == ("run-v0", "run-v0", "run-v2", 2)
-    assert dict(loop._pinned) == {2: 1}  # the re-pin released v0: its files may go
-    loop._unpin()  # outside the task: nothing pinned in this context, nothing changes
-    assert dict(loop._pinned) == {2: 1}
+    assert dict(loop.pins.counts) == {2: 1}  # the re-pin released v0: its files may go
+    loop.pins.unpin()  # outside the task: nothing pinned in this context, nothing changes
+    assert dict(loop.pins.counts) == {2: 1}
 
 
 def _loop(version, *, lora_name: str, max_staleness: int):
@@ -159,7 +159,7 @@ def test_published_adapters_are_served_exactly_and_retire_with_the_window(
     lora_server, tiny_model_dir, tmp_path
 ):
     from trainer.modeling import adapter_state_for_sync
-    from trainer.rollout.loop import lora_adapter_name
+    from trainer.rollout.pinning import lora_adapter_name
 
     publisher = LoraPublisher(
         lora_server.base_url, tmp_path / ".vllm_lora", "unit", max_staleness=1, timeout=60
@@ -220,7 +220,7 @@ def test_request_for_an_adapter_unloaded_mid_flight_retries_on_the_current_one(
         async def turn():
             async with VLLMClient(lora_server.base_url, str(tiny_model_dir), timeout=60) as client:
                 loop.client = client
-                loop._pin(3)
+                loop.pins.pin(3)
                 record = await loop.generate_one_turn([5, 17, 40])
                 return record, loop.request_model()
 
@@ -239,7 +239,7 @@ def test_training_run_syncs_only_the_adapter(lora_server, tiny_model_dir, tmp_pa
     from tests.test_trainer_e2e import _config, _dataset, _metrics
     from trainer import AsyncGRPOTrainer
     from trainer.rewards import accuracy_reward
-    from trainer.rollout.loop import lora_adapter_name
+    from trainer.rollout.pinning import lora_adapter_name
 
     checks: list[dict] = []
 

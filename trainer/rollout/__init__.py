@@ -14,7 +14,7 @@ from typing import Any
 
 _EXPORTS = {
     "AsyncRolloutLoop": "trainer.rollout.loop",
-    "lora_adapter_name": "trainer.rollout.loop",
+    "lora_adapter_name": "trainer.rollout.pinning",
     "Rollout": "trainer.rollout.types",
     "TurnRecord": "trainer.rollout.types",
     "RolloutGroup": "trainer.rollout.types",

@@ -12,6 +12,10 @@ One asyncio event loop runs, concurrently:
   one :class:`~trainer.rollout.types.GroupResult` (kept, dropped, or filtered);
 * the ``/metrics`` poller (every 5 s), the heartbeat, and the metrics flusher (every 0.5 s).
 
+Its parts live beside it: conversation rendering (``rendering.py``), tools, environments and turn
+reconciliation (``multiturn.py``), group assembly and per-rollout metrics (``groups.py``), scoring
+(``scoring.py``), flow control (``flow.py``) and LoRA adapter pinning (``pinning.py``).
+
 Dataset order is deterministic: epoch ``e`` visits rows ``0 .. len(dataset) - 1`` in order (no
 shuffle), so a global position ``e * len(dataset) + row`` names one prompt and
 ``dataset_start_index`` resumes exactly there. Shuffle the dataset before training if you want
@@ -23,38 +27,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import inspect
 import itertools
-import json
-import math
 import os
 import time
 import traceback
 import warnings
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from trainer.chat_template import assistant_message_from_text, check_text_only, parse_tool_calls
+from trainer.chat_template import assistant_message_from_text, parse_tool_calls
 from trainer.metrics import MetricWindow
 from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
 from trainer.rollout.flow import POLL_INTERVAL_S, ConcurrencyController, StalenessGate
-from trainer.rollout.multiturn import (
-    EnvironmentPool,
-    environment_tools,
-    reconcile_turns,
-    run_tool_calls,
-    tool_schema,
-)
+from trainer.rollout.groups import RolloutOutcome, build_group, completion_records, record_rollout_metrics
+from trainer.rollout.multiturn import EnvironmentPool, environment_tools, run_tool_calls, tool_schema
+from trainer.rollout.pinning import AdapterPins, lora_adapter_name
+from trainer.rollout.rendering import ConversationRenderer
 from trainer.rollout.scoring import (
     GroupScore,
     ScoreQueue,
-    is_async_callable,
     record_completion_metrics,
     record_reward_metrics,
     score_group,
@@ -67,23 +63,6 @@ __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 HEARTBEAT_INTERVAL_S = 0.25
 METRICS_FLUSH_INTERVAL_S = 0.5
 ADMIT_POLL_S = 0.02
-RENDER_CACHE_SIZE = 1024
-
-# The policy version the rollout running in the current task is pinned to (LoRA adapter serving).
-_pinned_version: contextvars.ContextVar[int | None] = contextvars.ContextVar("pinned_version", default=None)
-
-
-def lora_adapter_name(lora_name: str, version: int) -> str:
-    """The served name of the LoRA adapter of policy ``version`` (the trainer loads it under this name)."""
-    return f"{lora_name}-v{version}"
-
-
-@dataclass
-class _RolloutOutcome:
-    prompt: list[dict[str, Any]]
-    rollout: Rollout
-    env_reward: tuple[type, float] | None
-    duration_s: float
 
 
 @dataclass
@@ -150,13 +129,14 @@ class AsyncRolloutLoop:
         # Set by the process wrapper: a multiprocessing.Event that asks the loop to stop, and a
         # multiprocessing.Value('i') where the loop reports the oldest version a rollout is pinned to.
         self.stop_event: Any = None
-        self.oldest_pinned_version: Any = None
-        self._pinned: Counter[int] = Counter()
+        self.pins = AdapterPins(model_version_value)
         self.window = MetricWindow()
         self.server: ServerSettings | None = None
         self.client: VLLMClient | None = None
         self.executor: ThreadPoolExecutor | None = None
-        self._render_cache: OrderedDict[str, list[int]] = OrderedDict()
+        self.renderer = ConversationRenderer(
+            processing_class, self.eos_token_ids, getattr(config, "chat_template_kwargs", None)
+        )
         # Built by _startup() once the server's settings are known.
         self.gate: StalenessGate | None = None
         self.controller: ConcurrencyController | None = None
@@ -189,9 +169,9 @@ class AsyncRolloutLoop:
         calls = failures = tool_turns = 0
         exhausted = False
         while True:
-            turn = await self.generate_one_turn(self._render(messages, schemas))
+            turn = await self.generate_one_turn(self.renderer.render(messages, schemas))
             turns.append(turn)
-            text = self._decode(turn.output_ids)
+            text = self.renderer.decode(turn.output_ids)
             message = assistant_message_from_text(text) if tools else {"role": "assistant", "content": text}
             messages.append(message)
             completion.append(message)
@@ -231,7 +211,7 @@ class AsyncRolloutLoop:
             if model is None or exc.status != 404:
                 raise
             # The trainer unloaded this adapter between the check above and the request (a sync).
-            self._repin(int(self.model_version_value.value))
+            self.pins.repin(int(self.model_version_value.value))
             return await self.client.generate(prompt_ids, self.sampling, model=self.request_model())
 
     def request_model(self) -> str | None:
@@ -241,12 +221,12 @@ class AsyncRolloutLoop:
         it never switches policy mid-generation. An adapter that left the staleness window has been
         unloaded; its rollout moves to the current version (its group is stale: the trainer drops it).
         """
-        version = _pinned_version.get()
+        version = self.pins.current
         if self.lora_name is None or version is None:
             return None
         current = int(self.model_version_value.value)
         if version < current - self.config.max_staleness:
-            self._repin(current)
+            self.pins.repin(current)
             version = current
         return lora_adapter_name(self.lora_name, version)
 
@@ -407,7 +387,7 @@ class AsyncRolloutLoop:
     async def _heartbeat(self) -> None:
         while True:
             self.heartbeat_value.value = time.time()
-            self._report_oldest_pinned()  # follows the version while no rollout is pinned
+            self.pins.report()  # follows the version while no rollout is pinned
             stop_requested = self.stop_event is not None and self.stop_event.is_set()
             if stop_requested or os.getppid() != self._ppid:  # parent gone: never outlive it
                 self._stopping.set()
@@ -571,8 +551,10 @@ class AsyncRolloutLoop:
                 for _ in range(self.config.num_generations)
             )
         )
-        group, reconcile_stats = self._build_group(row, row_index, group_id, version_box[0], outcomes)
-        self._record_rollout_metrics(outcomes, group, reconcile_stats)
+        group, reconcile_stats = build_group(row, row_index, group_id, version_box[0], outcomes)
+        self._generated_tokens += record_rollout_metrics(
+            self.window, outcomes, group, reconcile_stats, self._has_tools
+        )
         group.queued_at = time.monotonic()
         await self._score_queue.put(
             _FinishedGroup(
@@ -585,20 +567,20 @@ class AsyncRolloutLoop:
 
     async def _run_rollout(
         self, row: dict[str, Any], group_id: int, version_box: list[int], dispatched: float
-    ) -> _RolloutOutcome:
+    ) -> RolloutOutcome:
         await self._acquire_slot()
         try:
             if not version_box:  # the group's version: when its first rollout started
                 version_box.append(int(self.model_version_value.value))
             if self.lora_name is not None:
-                self._pin(int(self.model_version_value.value))
+                self.pins.pin(int(self.model_version_value.value))
             prompt = row.get("prompt")
             env = key = None
             tools = list(self.tools)
             if self._env_pool is not None:
                 key = EnvironmentPool.key_of(row, isinstance(self.environment_factory, dict))
                 env = await self._env_pool.acquire(key)
-                prompt = await self._reset_env(env, row, prompt)
+                prompt = await self._env_pool.reset(env, row, prompt, self.window)
                 tools += environment_tools(env)
             if prompt is None:
                 raise KeyError("dataset row has no 'prompt' column (and no environment reset() provided one)")
@@ -606,134 +588,13 @@ class AsyncRolloutLoop:
             env_reward = None
             if env is not None:
                 if hasattr(env, "get_reward"):
-                    env_reward = (type(env), await self._env_reward(env))
+                    env_reward = (type(env), await self._env_pool.reward(env, self.window))
                 self._env_pool.release(key, env)
-            return _RolloutOutcome(prompt, rollout, env_reward, time.monotonic() - dispatched)
+            return RolloutOutcome(prompt, rollout, env_reward, time.monotonic() - dispatched)
         finally:
             if self.lora_name is not None:
-                self._unpin()
+                self.pins.unpin()
             await self._release_slot()
-
-    # ==== LoRA adapter pinning ===================================================================
-    def _pin(self, version: int) -> None:
-        """Pin the current task's rollout to ``version`` (its requests use that version's adapter)."""
-        _pinned_version.set(version)
-        self._pinned[version] += 1
-        self._report_oldest_pinned()
-
-    def _unpin(self) -> None:
-        version = _pinned_version.get()
-        if version is None:
-            return
-        _pinned_version.set(None)
-        self._pinned[version] -= 1
-        if self._pinned[version] <= 0:
-            del self._pinned[version]
-        self._report_oldest_pinned()
-
-    def _repin(self, version: int) -> None:
-        self._unpin()
-        self._pin(version)
-
-    def _report_oldest_pinned(self) -> None:
-        """Tell the trainer the oldest version in use: it deletes older adapters' files only."""
-        if self.oldest_pinned_version is not None:
-            current = int(self.model_version_value.value)
-            self.oldest_pinned_version.value = min(self._pinned, default=current)
-
-    async def _reset_env(self, env: object, row: dict[str, Any], prompt: Any) -> list[dict[str, Any]] | None:
-        kwargs = {k: v for k, v in row.items() if k not in ("prompt", "environment")}
-        started = time.monotonic()
-        text = await self._loop.run_in_executor(self.executor, lambda: env.reset(**kwargs))
-        if inspect.isawaitable(text):
-            text = await text
-        self.window.add("env/reset_s", time.monotonic() - started)
-        if text is None:
-            return None if prompt is None else [dict(m) for m in prompt]
-        if prompt is None:
-            return [{"role": "user", "content": str(text)}]
-        messages = [dict(m) for m in prompt]
-        for message in reversed(messages):  # the string is appended to the last user message
-            if message.get("role") == "user":
-                message["content"] = f"{message.get('content') or ''}{text}"
-                break
-        else:
-            messages.append({"role": "user", "content": str(text)})
-        return messages
-
-    async def _env_reward(self, env: object) -> float | None:
-        started = time.monotonic()
-        getter = env.get_reward
-        if is_async_callable(getter):
-            value = await getter()
-        else:
-            value = await self._loop.run_in_executor(self.executor, getter)
-        self.window.add("env/reward_s", time.monotonic() - started)
-        return None if value is None else float(value)
-
-    def _build_group(
-        self,
-        row: dict[str, Any],
-        row_index: int,
-        group_id: int,
-        version: int,
-        outcomes: Sequence[_RolloutOutcome],
-    ) -> tuple[RolloutGroup, list[tuple[list[int], list[int]]]]:
-        """The scored-to-be group and, per rollout, its reconciliation (forks, drift tokens)."""
-        g = len(outcomes)
-        sequences: list[list[TrainingSequence]] = []
-        stats: list[tuple[list[int], list[int]]] = []
-        for outcome in outcomes:
-            reconciled = reconcile_turns(outcome.rollout.turns)
-            for seq in reconciled.sequences:
-                seq.model_version = version
-                seq.group_id = group_id
-                seq.row_index = row_index
-                seq.rollout_id = outcome.rollout.rollout_id
-            sequences.append(reconciled.sequences)
-            stats.append((reconciled.forks, reconciled.drift_tokens))
-        group = RolloutGroup(
-            prompts=[o.prompt for o in outcomes],
-            reward_kwargs={k: [v] * g for k, v in row.items() if k != "prompt"},
-            completions=[o.rollout.completion for o in outcomes],
-            completions_ids=[o.rollout.completion_ids for o in outcomes],
-            completions_sequences=sequences,
-            tool_call_counts=[o.rollout.tool_call_count for o in outcomes],
-            tool_failure_counts=[o.rollout.tool_failure_count for o in outcomes],
-            model_version=version,
-            group_id=group_id,
-            row_index=row_index,
-            env_rewards=[o.env_reward for o in outcomes],
-            rollout_rewards=[o.rollout.reward for o in outcomes],
-        )
-        return group, stats
-
-    def _record_rollout_metrics(
-        self,
-        outcomes: Sequence[_RolloutOutcome],
-        group: RolloutGroup,
-        reconcile_stats: Sequence[tuple[list[int], list[int]]],
-    ) -> None:
-        """Per-rollout generation metrics (``rollout/*``, ``tools/call_frequency``), all groups."""
-        w = self.window
-        # A sum that reads 0 (not absent) in windows without retries, so dashboards plot a line.
-        w.add("rollout/vllm_retry_count", 0)
-        for outcome, seqs, (forks, drift) in zip(
-            outcomes, group.completions_sequences, reconcile_stats, strict=True
-        ):
-            rollout, duration = outcome.rollout, outcome.duration_s
-            self._generated_tokens += sum(len(t.output_ids) for t in rollout.turns)
-            w.add("rollout/duration_s", duration)
-            w.add("rollout/turns_mean", len(rollout.turns))
-            w.add("rollout/turns_max", len(rollout.turns))
-            w.add("rollout/samples_per_rollout", len(seqs))
-            w.extend("rollout/fork_frac", forks)
-            w.extend("rollout/drift_tokens_mean", drift)
-            w.extend("rollout/drift_tokens_max", drift)
-            if self._has_tools:
-                w.add("tools/call_frequency", rollout.tool_call_count)
-                if rollout.tool_call_count == 0:  # failure_frequency is NaN in a window without calls
-                    w.add("tools/failure_frequency", math.nan)
 
     # ==== scoring ================================================================================
     async def _handle_finished_group(self, item: _FinishedGroup) -> None:
@@ -763,7 +624,7 @@ class AsyncRolloutLoop:
         self.gate.finish(item.reservation, rollout_tokens, queued_tokens)
         self._changed.set()
         if self.config.log_completions:
-            self._log_completions(group, score, advantages)
+            self._completions.extend(completion_records(group, score, advantages))
         self._emit(
             GroupResult(
                 position=item.position,
@@ -777,76 +638,3 @@ class AsyncRolloutLoop:
 
     def _emit(self, result: GroupResult) -> None:
         self.rollout_buffer.put(result)
-
-    def _log_completions(self, group: RolloutGroup, score: GroupScore, advantages: np.ndarray) -> None:
-        for i, (prompt, completion) in enumerate(zip(group.prompts, group.completions, strict=True)):
-            reward = score.rewards[i]
-            self._completions.append(
-                {
-                    "prompt": _messages_text(prompt),
-                    "completion": _messages_text(completion),
-                    "reward": None if math.isnan(reward) else float(reward),
-                    "rewards": {
-                        name: float(values[i])
-                        for name, values in score.per_source.items()
-                        if not math.isnan(values[i])
-                    },
-                    "advantage": float(advantages[i]),
-                    "group_id": group.group_id,
-                    "row_index": group.row_index,
-                }
-            )
-
-    # ==== text ===================================================================================
-    def _render(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the conversation with the generation prompt (chat template + tokenizer).
-
-        Cached by content: the ``num_generations`` rollouts of a group open with the same prompt,
-        and rendering is the loop's largest CPU cost per turn (~1.6 ms on the tiny model).
-        """
-        key = json.dumps([messages, schemas], sort_keys=True, default=str)
-        cached = self._render_cache.get(key)
-        if cached is not None:
-            self._render_cache.move_to_end(key)
-            return list(cached)
-        check_text_only(messages, "prompt")
-        kwargs = dict(self.config.chat_template_kwargs or {})
-        ids = list(
-            self.tokenizer.apply_chat_template(
-                messages,
-                tools=schemas,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                **kwargs,
-            )
-        )
-        self._render_cache[key] = ids
-        if len(self._render_cache) > RENDER_CACHE_SIZE:
-            self._render_cache.popitem(last=False)
-        return list(ids)
-
-    def _decode(self, output_ids: Sequence[int]) -> str:
-        end = len(output_ids)
-        eos = set(self.eos_token_ids)
-        while end > 0 and output_ids[end - 1] in eos:
-            end -= 1
-        return self.tokenizer.decode(list(output_ids[:end]), skip_special_tokens=False)
-
-
-def _messages_text(messages: Any) -> str:
-    """Messages as readable text for logged completions (one ``role: content`` line per message)."""
-    if isinstance(messages, str):
-        return messages
-    if len(messages) == 1 and messages[0].get("role") == "assistant":
-        return str(messages[0].get("content") or "")
-    lines = []
-    for m in messages:
-        content = m.get("content") or ""
-        if m.get("tool_calls"):
-            calls = ", ".join(
-                f"{c['function']['name']}({c['function']['arguments']})" for c in m["tool_calls"]
-            )
-            content = f"{content} [tool calls: {calls}]".strip()
-        lines.append(f"{m.get('role', '?')}: {content}")
-    return "\n".join(lines)

@@ -187,6 +187,47 @@ class EnvironmentPool:
     def release(self, key: str | None, env: object) -> None:
         self._free.setdefault(key, []).append(env)
 
+    async def reset(
+        self, env: object, row: dict[str, Any], prompt: list[dict[str, Any]] | None, window: MetricWindow
+    ) -> list[dict[str, Any]] | None:
+        """Start an episode: ``env.reset(**row columns)`` (sync in the executor, or async).
+
+        The dataset row's columns other than ``prompt`` and ``environment`` are its keyword
+        arguments. A string it returns is the prompt when the row has none, else it is appended to
+        the last user message (a new user message when there is none); None keeps the row's prompt.
+        Records ``env/reset_s``.
+        """
+        kwargs = {k: v for k, v in row.items() if k not in ("prompt", "environment")}
+        started = time.monotonic()
+        text = await asyncio.get_running_loop().run_in_executor(self.executor, lambda: env.reset(**kwargs))
+        if inspect.isawaitable(text):
+            text = await text
+        window.add("env/reset_s", time.monotonic() - started)
+        if text is None:
+            return None if prompt is None else [dict(m) for m in prompt]
+        if prompt is None:
+            return [{"role": "user", "content": str(text)}]
+        messages = [dict(m) for m in prompt]
+        for message in reversed(messages):
+            if message.get("role") == "user":
+                message["content"] = f"{message.get('content') or ''}{text}"
+                break
+        else:
+            messages.append({"role": "user", "content": str(text)})
+        return messages
+
+    async def reward(self, env: object, window: MetricWindow) -> float | None:
+        """The episode's own score, ``env.get_reward()`` (sync in the executor, or async); records
+        ``env/reward_s``."""
+        started = time.monotonic()
+        getter = env.get_reward
+        if is_async_callable(getter):
+            value = await getter()
+        else:
+            value = await asyncio.get_running_loop().run_in_executor(self.executor, getter)
+        window.add("env/reward_s", time.monotonic() - started)
+        return None if value is None else float(value)
+
 
 # --- reconciliation ------------------------------------------------------------------------------
 @dataclass

@@ -98,7 +98,7 @@ def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any, pinne
         kwargs["failed_event"].set()
         raise
     loop.stop_event = stop_event
-    loop.oldest_pinned_version = pinned_value
+    loop.pins.oldest_pinned_version = pinned_value
     loop.run()
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from trainer.rollout.loop import lora_adapter_name
+from trainer.rollout.pinning import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError
 
 if TYPE_CHECKING:
