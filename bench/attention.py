@@ -69,7 +69,7 @@ def _time(fn, device: torch.device, warmup: int, reps: int) -> list[float]:
 def tree_fn(row, device: torch.device, dims) -> tuple[Any, float]:
     """Forward + backward of tree attention over ``row``; returns (callable, useful pairs)."""
     q, k, v = _qkv(1, row.num_tokens, device, *dims)
-    mask = TreeMask(row.tin.to(device), row.tout.to(device))
+    mask = TreeMask(row.tin.to(device), row.tout.to(device), positions=row.position_ids.to(device))
     module = torch.nn.Module()
 
     def run():

@@ -159,6 +159,26 @@ def test_flex_mask_mod_agrees_with_dense_mask_and_buckets():
         TreeMask(row.tin, row.tout, backend="xformers")
 
 
+def test_sliding_window_masks_keep_the_last_w_positions_of_each_path():
+    row = pack_row(mixed_samples())
+    mask = TreeMask(row.tin, row.tout, positions=row.position_ids)
+    full = mask.dense(torch.device("cpu"))[0, 0]
+    windowed = mask.dense(torch.device("cpu"), window=3)[0, 0]
+    assert torch.equal(windowed.sum(-1), torch.clamp(row.position_ids + 1, max=3))
+    assert torch.equal(windowed & full, windowed)  # never a key off the path
+    # the FlexAttention mask_mod with the same window, on the padded grid
+    length, padded = row.num_tokens, padded_length(row.num_tokens)
+    tin, tout = _pad_tree(row.tin[None], row.tout[None], padded)
+    positions = torch.nn.functional.pad(row.position_ids[None], (0, padded - length))
+    grid = tree_mask_mod(tin, tout, positions, 3)(
+        0, 0, torch.arange(padded)[:, None], torch.arange(padded)[None, :]
+    )
+    assert torch.equal(grid[:length, :length], windowed)
+    assert torch.equal(grid[length:, length:], torch.eye(padded - length, dtype=torch.bool))
+    with pytest.raises(ValueError, match="position ids"):
+        TreeMask(row.tin, row.tout).dense(torch.device("cpu"), window=3)
+
+
 def test_logits_to_keep_gives_the_same_loss():
     model = tiny_model(seed=5)
     use_tree_attention(model)

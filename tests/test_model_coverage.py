@@ -180,6 +180,53 @@ def _trained_logprob_sum_alone(logits, sample) -> torch.Tensor:
     return logits[predicting].log_softmax(-1).gather(-1, targets[:, None]).sum()
 
 
+def _windowed_model(family: str, window: int = 16):
+    """A random-init 3-layer model of ``family`` (seed 0) whose attention uses a ``window``-token
+    sliding window (on every layer, or on some) and, for Gemma 2, attention-logit softcapping."""
+    import transformers
+
+    torch.manual_seed(0)
+    dims = dict(SMALL, intermediate_size=64, num_hidden_layers=3, sliding_window=window)
+    mixed = ["sliding_attention", "full_attention", "sliding_attention"]
+    if family == "gemma2":
+        # initializer_range 0.2: scores reach the cap (at the usual 0.02 they stay in its linear range)
+        config = transformers.Gemma2Config(
+            **dims, layer_types=mixed, attn_logit_softcapping=1.0, initializer_range=0.2
+        )
+        model = transformers.Gemma2ForCausalLM(config)
+    elif family == "gemma3":
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**dims, layer_types=mixed))
+    elif family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**dims))
+    else:
+        dims.pop("head_dim")  # Phi-3 derives it (hidden_size / heads = 8)
+        config = transformers.Phi3Config(**dims, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        model = transformers.Phi3ForCausalLM(config)
+    model = model.float()
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral", "phi3"])
+def test_sliding_window_and_softcap_layers_pack_exactly(family):
+    """Sliding-window layers see only the last W positions of each path (and Gemma 2's softcap is
+    applied): tree-packed logits equal the model's own eager attention on each sample alone."""
+    samples = _branching_samples()
+    model = _windowed_model(family)
+    with torch.no_grad():
+        reference = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in samples]
+        unwindowed = _windowed_model(family, window=4096)(input_ids=torch.tensor([samples[0].input_ids]))
+    assert float((unwindowed.logits[0] - reference[0]).abs().max()) > 1e-3  # the window bites
+    model = load_policy(model, _args())
+    row = pack_row(samples, num_top_logprobs=0)
+    with torch.no_grad():
+        packed = model(**tree_forward_kwargs(row)).logits[0]
+    for sample_id, sample in enumerate(samples):
+        rows = row.logit_index[row.sample_index == sample_id]
+        predicting = [i - 1 for i, m in enumerate(sample.loss_mask) if m]
+        torch.testing.assert_close(packed[rows], reference[sample_id][predicting], atol=1e-5, rtol=1e-4)
+
+
 def test_linear_attention_without_the_known_kernels_is_refused():
     """A 'linear_attention' layer kind whose kernels the tree wrapper does not know is refused."""
     model = Qwen3ForCausalLM(Qwen3Config(**SMALL, intermediate_size=64, num_hidden_layers=2)).float()

@@ -17,6 +17,14 @@ Paths:
   ``(tin[k] <= tin[q]) & (tin[q] < tout[k])``. The row is padded to a length bucket
   (:func:`padded_length`) so the compiled kernel and block-mask builder are reused across steps
   instead of recompiling for every row length; padding positions see only themselves.
+
+Layer variants the models pass to the attention function, followed on both paths:
+
+* ``sliding_window=W`` (Gemma 2/3, Mistral, Phi-3, OLMo 3, ...): a key is visible only if it is also
+  one of the query's last W positions along its path, ``position[q] - position[k] < W`` (positions =
+  depth in the trie, the same as in the unpacked sequence), as transformers' own sliding mask.
+* ``softcap=c`` (Gemma 2): scores become ``c * tanh(score / c)`` before masking; on the SDPA path this
+  runs as explicit matmul + softmax (fp32), on FlexAttention as a ``score_mod``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class TreeMask:
     Attributes:
         tin, tout: (L,) or (B, L) integer tensors from :class:`trainer.packing.PackedRow`.
         backend: ``"auto"`` (FlexAttention on CUDA, SDPA elsewhere), ``"flex"`` or ``"sdpa"``.
+        positions: (L,) or (B, L) position ids (depth along each path); needed by sliding-window layers.
 
     Masks built from it are cached on the object, so all layers of a forward (and the recomputation
     of gradient checkpointing) build them once.
@@ -56,6 +65,7 @@ class TreeMask:
     tin: torch.Tensor
     tout: torch.Tensor
     backend: str = "auto"
+    positions: torch.Tensor | None = None
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +75,10 @@ class TreeMask:
             )
         if self.backend not in ("auto", "flex", "sdpa"):
             raise ValueError(f"backend={self.backend!r}: expected 'auto', 'flex' or 'sdpa'")
+        if self.positions is not None and self.positions.shape != self.tin.shape:
+            raise ValueError(
+                f"positions {tuple(self.positions.shape)}: need the shape of tin {tuple(self.tin.shape)}"
+            )
 
     def _batched(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         tin, tout = self.tin, self.tout
@@ -72,24 +86,42 @@ class TreeMask:
             tin, tout = tin[None], tout[None]
         return tin.to(device), tout.to(device)
 
-    def dense(self, device: torch.device) -> torch.Tensor:
-        """(B, 1, L, L) boolean mask, True where query (dim 2) may attend to key (dim 3)."""
-        key = ("dense", device)
+    def _batched_positions(self, device: torch.device, window: int) -> torch.Tensor:
+        if self.positions is None:
+            raise ValueError(
+                f"a sliding-window layer (window {window}) needs the row's position ids: build the "
+                "TreeMask with positions= (tree_forward_kwargs does)"
+            )
+        positions = self.positions if self.positions.dim() == 2 else self.positions[None]
+        return positions.to(device)
+
+    def dense(self, device: torch.device, window: int | None = None) -> torch.Tensor:
+        """(B, 1, L, L) boolean mask, True where query (dim 2) may attend to key (dim 3); with
+        ``window``, only keys among the query's last ``window`` positions on its path."""
+        key = ("dense", device, window)
         if key not in self._cache:
             tin, tout = self._batched(device)
             q = tin[:, :, None]
-            self._cache[key] = ((tin[:, None, :] <= q) & (q < tout[:, None, :]))[:, None]
+            mask = (tin[:, None, :] <= q) & (q < tout[:, None, :])
+            if window is not None:
+                pos = self._batched_positions(device, window)
+                mask = mask & (pos[:, :, None] - pos[:, None, :] < window)
+            self._cache[key] = mask[:, None]
         return self._cache[key]
 
-    def block_mask(self, padded_len: int, device: torch.device):
+    def block_mask(self, padded_len: int, device: torch.device, window: int | None = None):
         """FlexAttention ``BlockMask`` over ``padded_len`` positions (padding sees only itself)."""
-        key = ("block", padded_len, device)
+        key = ("block", padded_len, device, window)
         if key not in self._cache:
             from torch.nn.attention.flex_attention import create_block_mask
 
             tin, tout = _pad_tree(*self._batched(device), padded_len)
+            positions = None
+            if window is not None:
+                pos = self._batched_positions(device, window)
+                positions = F.pad(pos, (0, padded_len - pos.shape[1]))  # padding: position 0, sees itself
             self._cache[key] = create_block_mask(
-                tree_mask_mod(tin, tout),
+                tree_mask_mod(tin, tout, positions, window),
                 tin.shape[0],
                 None,
                 padded_len,
@@ -108,14 +140,33 @@ def _pad_tree(tin: torch.Tensor, tout: torch.Tensor, padded_len: int) -> tuple[t
     return torch.cat([tin, extra], dim=1), torch.cat([tout, extra + 1], dim=1)
 
 
-def tree_mask_mod(tin: torch.Tensor, tout: torch.Tensor):
-    """FlexAttention ``mask_mod`` over (B, L) tin/tout: key visible iff ancestor-or-self of the query."""
+def tree_mask_mod(
+    tin: torch.Tensor, tout: torch.Tensor, positions: torch.Tensor | None = None, window: int | None = None
+):
+    """FlexAttention ``mask_mod`` over (B, L) tin/tout: key visible iff ancestor-or-self of the query
+    (and, with ``window``, within the query's last ``window`` positions of (B, L) ``positions``)."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         t_q = tin[b, q_idx]
         return (tin[b, kv_idx] <= t_q) & (t_q < tout[b, kv_idx])
 
-    return mask_mod
+    if window is None:
+        return mask_mod
+
+    def windowed_mask_mod(b, h, q_idx, kv_idx):
+        near = positions[b, q_idx] - positions[b, kv_idx] < window
+        return mask_mod(b, h, q_idx, kv_idx) & near
+
+    return windowed_mask_mod
+
+
+def _softcap_score_mod(softcap: float):
+    """FlexAttention ``score_mod``: ``softcap * tanh(score / softcap)`` (Gemma 2's attention softcap)."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / softcap) * softcap
+
+    return score_mod
 
 
 def padded_length(length: int) -> int:
@@ -157,22 +208,32 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, n, d).reshape(b, h * groups, n, d)
 
 
-def _sdpa_tree(query, key, value, tree_mask: TreeMask, scaling: float | None, dropout: float) -> torch.Tensor:
+def _sdpa_tree(
+    query, key, value, tree_mask: TreeMask, scaling: float | None, dropout: float, window, softcap
+) -> torch.Tensor:
     groups = query.shape[1] // key.shape[1]
-    mask = tree_mask.dense(query.device)
+    mask = tree_mask.dense(query.device, window)
     if mask.shape[-1] != key.shape[2] or mask.shape[-2] != query.shape[2]:
         raise ValueError(f"tree mask covers {mask.shape[-1]} tokens, the forward has {query.shape[2]}")
-    return F.scaled_dot_product_attention(
-        query,
-        _repeat_kv(key, groups),
-        _repeat_kv(value, groups),
-        attn_mask=mask,
-        dropout_p=dropout,
-        scale=scaling,
-    )
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+        )
+    # SDPA has no score hook: the capped scores are formed explicitly, softmax in fp32 (as eager does).
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if dropout:
+        weights = F.dropout(weights, p=dropout, training=True)
+    return torch.matmul(weights, value)
 
 
-def _flex_tree(query, key, value, tree_mask: TreeMask, scaling: float | None, dropout: float) -> torch.Tensor:
+def _flex_tree(
+    query, key, value, tree_mask: TreeMask, scaling: float | None, dropout: float, window, softcap
+) -> torch.Tensor:
     if dropout:
         raise ValueError(
             "tree attention's FlexAttention path has no attention dropout; set attention_dropout=0"
@@ -183,9 +244,15 @@ def _flex_tree(query, key, value, tree_mask: TreeMask, scaling: float | None, dr
         pad = (0, 0, 0, padded - length)
         query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
     flex = _flex_attention()  # first: it raises the recompile limit the block-mask builder also needs
-    block_mask = tree_mask.block_mask(padded, query.device)
+    block_mask = tree_mask.block_mask(padded, query.device, window)
     out = flex(
-        query, key, value, block_mask=block_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+        query,
+        key,
+        value,
+        score_mod=None if softcap is None else _softcap_score_mod(softcap),
+        block_mask=block_mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
     )
     return out[:, :, :length]
 
@@ -200,12 +267,14 @@ def tree_attention_forward(
     scaling: float | None = None,
     tree_mask: TreeMask | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: (B, H, L, D) query, (B, Hkv, L, D) key/value -> (B, L, H, D).
 
     ``tree_mask`` is required; ``attention_mask`` must be None (no cache, no padding mask).
+    ``sliding_window`` and ``softcap`` are the layer's, as the model passes them (module docstring).
     """
     if tree_mask is None:
         raise ValueError(
@@ -214,16 +283,11 @@ def tree_attention_forward(
         )
     if attention_mask is not None:
         raise ValueError("tree attention takes no attention_mask: visibility comes from tree_mask")
-    if sliding_window is not None:
-        raise ValueError(
-            "sliding-window attention layers are not supported by tree packing; use a model whose layers all "
-            "attend fully"
-        )
     if s_aux is not None:
         raise ValueError("models with attention sinks are not supported (see the spec's constraints)")
     use_flex = tree_mask.backend == "flex" or (tree_mask.backend == "auto" and query.is_cuda)
     attend = _flex_tree if use_flex else _sdpa_tree
-    out = attend(query, key, value, tree_mask, scaling, dropout)
+    out = attend(query, key, value, tree_mask, scaling, dropout, sliding_window, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -250,7 +314,9 @@ def tree_forward_kwargs(
     return {
         "input_ids": row.input_ids.to(device)[None],
         "position_ids": row.position_ids.to(device)[None],
-        "tree_mask": TreeMask(row.tin.to(device), row.tout.to(device), backend=backend),
+        "tree_mask": TreeMask(
+            row.tin.to(device), row.tout.to(device), backend=backend, positions=row.position_ids.to(device)
+        ),
         "use_cache": False,
     }
 
@@ -266,7 +332,7 @@ def sequence_forward_kwargs(
     return {
         "input_ids": ids[None],
         "position_ids": positions[None],
-        "tree_mask": TreeMask(positions, torch.full_like(positions, n), backend=backend),
+        "tree_mask": TreeMask(positions, torch.full_like(positions, n), backend=backend, positions=positions),
         "use_cache": False,
     }
 

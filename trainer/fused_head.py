@@ -218,7 +218,7 @@ def probe_forward_kwargs(device: torch.device, length: int = 8) -> dict:
     return {
         "input_ids": (idx % 7 + 1)[None],
         "position_ids": idx[None],
-        "tree_mask": TreeMask(idx, torch.full_like(idx, length), backend="sdpa"),
+        "tree_mask": TreeMask(idx, torch.full_like(idx, length), backend="sdpa", positions=idx),
         "use_cache": False,
     }
 

@@ -293,6 +293,6 @@ def empty_row_loss(model: torch.nn.Module, device: torch.device | str) -> torch.
     from trainer.attention import TreeMask
 
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
-    tree = TreeMask(ids[0], ids[0] + 1, backend="sdpa")
+    tree = TreeMask(ids[0], ids[0] + 1, backend="sdpa", positions=ids[0])
     outputs = model(input_ids=ids, position_ids=ids, tree_mask=tree, use_cache=False, logits_to_keep=1)
     return outputs.logits.sum() * 0.0
