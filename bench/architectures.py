@@ -33,34 +33,49 @@ _TOKENIZER_FILES = (
 )
 
 
-def build_random_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
-    """Save a random-init 2-layer ``family`` causal LM (hidden 128) with ``tokenizer_dir``'s tokenizer.
+def random_causal_lm(
+    family: str,
+    *,
+    vocab_size: int,
+    hidden_size: int = 128,
+    heads: int = 2,
+    kv_heads: int = 2,
+    layers: int = 2,
+    window: int = WINDOW,
+    seed: int = 0,
+    **config: Any,
+):
+    """A random-init ``family`` causal LM (fp32, eval mode, weights drawn after ``torch.manual_seed(seed)``).
 
     What each family exercises: ``llama`` llama3 RoPE scaling; ``qwen2`` q/k/v biases; ``mistral``
-    a sliding window on every layer; ``gemma2`` sliding + full layers, attention and final-logit
-    softcaps; ``gemma3`` sliding + full layers, QK norms; ``phi3`` fused qkv and gate/up projections,
-    a window on every layer, untied head; ``olmo2`` post-norms and QK norms.
+    a ``window``-token sliding window on every layer; ``gemma2`` sliding and full layers in turn,
+    attention and final-logit softcaps (5.0, 3.0); ``gemma3`` sliding and full layers, QK norms;
+    ``phi3`` fused qkv and gate/up projections, a window on every layer, untied head; ``olmo2``
+    post-norms and QK norms. Head dim = ``hidden_size / heads``, MLP = 2 × hidden. ``config``
+    overrides any config field (e.g. ``attn_logit_softcapping``, ``initializer_range``).
     """
     import torch
     import transformers
 
-    tiny = json.loads((tokenizer_dir / "config.json").read_text())
     base = dict(
-        vocab_size=tiny["vocab_size"],
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=layers,
         max_position_embeddings=2048,
-        pad_token_id=tiny["pad_token_id"],
-        eos_token_id=tiny["eos_token_id"],
-        bos_token_id=None,
         tie_word_embeddings=True,
         initializer_range=0.1,  # a sharper random policy: logprobs far from uniform
+        pad_token_id=0,  # some families default to ids beyond a small vocabulary
+        bos_token_id=None,
+        eos_token_id=None,
     )
-    mixed = ["sliding_attention", "full_attention"]
-    torch.manual_seed(seed)
+    head_dim = {"head_dim": hidden_size // heads}
+    windowed = {"sliding_window": window}
+    alternating = {
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    }
     if family == "llama":
         rope = {
             "rope_type": "llama3",
@@ -70,35 +85,51 @@ def build_random_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 128,
         }
-        model = transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**base, head_dim=64, rope_parameters=rope)
+        cls, cfg, extra = (
+            transformers.LlamaForCausalLM,
+            transformers.LlamaConfig,
+            {**head_dim, "rope_parameters": rope},
         )
     elif family == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**base))
+        cls, cfg, extra = transformers.Qwen2ForCausalLM, transformers.Qwen2Config, {}
     elif family == "mistral":
-        model = transformers.MistralForCausalLM(
-            transformers.MistralConfig(**base, head_dim=64, sliding_window=WINDOW)
+        cls, cfg, extra = (
+            transformers.MistralForCausalLM,
+            transformers.MistralConfig,
+            {**head_dim, **windowed},
         )
     elif family == "gemma2":
-        config = transformers.Gemma2Config(
-            **base,
-            head_dim=64,
-            sliding_window=WINDOW,
-            layer_types=mixed,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-        )
-        model = transformers.Gemma2ForCausalLM(config)
+        softcaps = {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}
+        cls, cfg = transformers.Gemma2ForCausalLM, transformers.Gemma2Config
+        extra = {**head_dim, **windowed, **alternating, **softcaps}
     elif family == "gemma3":
-        config = transformers.Gemma3TextConfig(**base, head_dim=64, sliding_window=WINDOW, layer_types=mixed)
-        model = transformers.Gemma3ForCausalLM(config)
-    elif family == "phi3":
-        config = transformers.Phi3Config(**{**base, "tie_word_embeddings": False}, sliding_window=WINDOW)
-        model = transformers.Phi3ForCausalLM(config)
+        cls, cfg = transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig
+        extra = {**head_dim, **windowed, **alternating}
+    elif family == "phi3":  # derives its head dim
+        cls, cfg, extra = (
+            transformers.Phi3ForCausalLM,
+            transformers.Phi3Config,
+            {**windowed, "tie_word_embeddings": False},
+        )
     elif family == "olmo2":
-        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**base))
+        cls, cfg, extra = transformers.Olmo2ForCausalLM, transformers.Olmo2Config, {}
     else:
         raise ValueError(f"family={family!r}: expected one of {', '.join(FAMILIES)}")
+    torch.manual_seed(seed)
+    model = cls(cfg(**{**base, **extra, **config})).float()
+    return model.eval()
+
+
+def build_random_model(family: str, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
+    """Save a :func:`random_causal_lm` (2 layers, hidden 128) with ``tokenizer_dir``'s tokenizer and
+    chat template (the embedded tiny model's), ready for ``python -m trainer serve``."""
+    tiny = json.loads((tokenizer_dir / "config.json").read_text())
+    special = {
+        "pad_token_id": tiny["pad_token_id"],
+        "eos_token_id": tiny["eos_token_id"],
+        "bos_token_id": None,
+    }
+    model = random_causal_lm(family, vocab_size=tiny["vocab_size"], seed=seed, **special)
     model.save_pretrained(out)
     for name in _TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out / name)

@@ -181,30 +181,17 @@ def _trained_logprob_sum_alone(logits, sample) -> torch.Tensor:
 
 
 def _windowed_model(family: str, window: int = 16):
-    """A random-init 3-layer model of ``family`` (seed 0) whose attention uses a ``window``-token
-    sliding window (on every layer, or on some) and, for Gemma 2, attention-logit softcapping."""
-    import transformers
+    """A random-init 3-layer ``family`` model (``bench.architectures``) on eager attention, with a
+    ``window``-token sliding window (on every layer, or on every other) and Gemma 2's softcaps."""
+    from bench.architectures import random_causal_lm
 
-    torch.manual_seed(0)
-    dims = dict(SMALL, intermediate_size=64, num_hidden_layers=3, sliding_window=window)
-    mixed = ["sliding_attention", "full_attention", "sliding_attention"]
-    if family == "gemma2":
-        # initializer_range 0.2: scores reach the cap (at the usual 0.02 they stay in its linear range)
-        config = transformers.Gemma2Config(
-            **dims, layer_types=mixed, attn_logit_softcapping=1.0, initializer_range=0.2
-        )
-        model = transformers.Gemma2ForCausalLM(config)
-    elif family == "gemma3":
-        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**dims, layer_types=mixed))
-    elif family == "mistral":
-        model = transformers.MistralForCausalLM(transformers.MistralConfig(**dims))
-    else:
-        dims.pop("head_dim")  # Phi-3 derives it (hidden_size / heads = 8)
-        config = transformers.Phi3Config(**dims, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        model = transformers.Phi3ForCausalLM(config)
-    model = model.float()
+    # initializer_range 0.2: scores reach Gemma 2's cap of 1.0 (at 0.02 they stay in its linear range)
+    overrides = {"attn_logit_softcapping": 1.0, "initializer_range": 0.2} if family == "gemma2" else {}
+    model = random_causal_lm(
+        family, vocab_size=SMALL["vocab_size"], hidden_size=32, heads=4, layers=3, window=window, **overrides
+    )
     model.set_attn_implementation("eager")
-    return model.eval()
+    return model
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral", "phi3"])
