@@ -177,7 +177,7 @@ def train_against(
 
 def sweep_one(family: str, tokenizer_dir: Path, workdir: Path, port: int) -> dict[str, Any]:
     """Build, serve and train one family; the largest sampler-vs-trainer logprob difference."""
-    from tests.conftest import VLLMServer
+    from worker.processes import VLLMServer
 
     model_dir = build_random_model(family, tokenizer_dir, workdir / family)
     server = VLLMServer(
@@ -200,9 +200,9 @@ def sweep_one(family: str, tokenizer_dir: Path, workdir: Path, port: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from tests.conftest import free_port
     from trainer.registry import cache_root
     from trainer.tiny import ensure_tiny
+    from worker.processes import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from worker.processes import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -43,14 +45,6 @@ def _setup_django() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _make_run(user, *, metrics: int, steps: int):
@@ -215,7 +209,7 @@ def main() -> None:
     user_model = get_user_model()
     user_model.objects.filter(username="bench-viewer").delete()
     user = user_model.objects.create_user(username="bench-viewer", password=password)
-    port = _free_port()
+    port = free_port()
     daphne = _start_daphne(port)
     base = f"http://127.0.0.1:{port}"
     try:

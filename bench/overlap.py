@@ -53,6 +53,7 @@ if str(REPO) not in sys.path:
 
 from trainer.rollout.flow import StalenessGate  # noqa: E402
 from trainer.rollout.loop import AsyncRolloutLoop, _Stop  # noqa: E402
+from worker.processes import free_port  # noqa: E402
 
 # In sync mode the trainer hands the rollout process a cumulative *group* target through the shared
 # ``token_allowance`` value (the token allowance is unused there): ``value = WAVE_OFFSET + target``.
@@ -392,45 +393,15 @@ def _affinity_report(leader: int) -> dict[str, list[str]]:
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 def start_server(model_dir: str, core: int, port: int, log_path: Path, timeout_s: float):
     """``python -m trainer serve`` (CPU weight transfer, the tests' flags) under ``taskset -c core``."""
-    from worker.processes import ManagedProcess
+    from worker.processes import ManagedProcess, wait_healthy
 
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
     argv = ["taskset", "-c", str(core), sys.executable, "-m", "trainer", "serve", model_dir]
     argv += ["--port", str(port), "--max-model-len", "1024", "--dtype", "float32"]
     proc = ManagedProcess("vllm", argv, env=env, cwd=REPO, log_path=log_path).start()
-    deadline = time.monotonic() + timeout_s
-    started = time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited ({proc.poll()}):\n{proc.log_tail(60)}")
-            if _http_ok(f"http://127.0.0.1:{port}/health"):
-                return proc, time.monotonic() - started
-            time.sleep(1.0)
-        raise TimeoutError(f"vLLM server not healthy after {timeout_s:.0f}s:\n{proc.log_tail(60)}")
-    except BaseException:
-        proc.stop(grace_s=10)
-        raise
+    return proc, wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s=timeout_s)
 
 
 def run_mode(spec: dict, core: int, workdir: Path, timeout_s: float) -> dict:
@@ -727,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             report["environment"]["server"] = {"base_url": base_url, "started_here": False}
             server_pids = _pids_of_session(opts.server_pid) if opts.server_pid else []
         else:
-            port = opts.port or _free_port()
+            port = opts.port or free_port()
             print(f"starting vllm-cpu on core {opts.server_core} (port {port}) ...", flush=True)
             server, start_s = start_server(
                 model_dir, opts.server_core, port, workdir / "server.log", opts.server_timeout

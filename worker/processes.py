@@ -1,7 +1,11 @@
 """Child processes started and ended as a unit: each in its own session (process group), so that
 stopping one also ends everything it spawned (vLLM's engine core, the trainer's rollout process).
 
-Used by the run supervisor and by ``manage.py runstack``.
+Also the small pieces every launcher of such processes needs: a free local port, an HTTP health
+probe, waiting for a started server to become healthy, and :class:`VLLMServer` (a ``python -m
+trainer serve`` process and its base URL).
+
+Used by the run supervisor, ``manage.py runstack``, the tests' fixtures and the benchmarks.
 """
 
 from __future__ import annotations
@@ -9,12 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+_REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -104,3 +113,76 @@ def wait_for(predicate, *, timeout_s: float, interval_s: float = 0.5, what: str 
             return value
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether a GET of ``url`` answers 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def wait_healthy(process: ManagedProcess, url: str, *, timeout_s: float, what: str = "vLLM server") -> float:
+    """Wait until ``url`` answers 200; returns the seconds waited. If ``process`` exits first or
+    ``timeout_s`` passes, it is stopped and the error carries its log tail."""
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < timeout_s:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited ({process.poll()}):\n{process.log_tail(60)}")
+            if http_ok(url):
+                return time.monotonic() - started
+            time.sleep(1.0)
+        raise TimeoutError(f"{what} not healthy after {timeout_s:.0f}s:\n{process.log_tail(60)}")
+    except BaseException:
+        process.stop(grace_s=10)
+        raise
+
+
+class VLLMServer:
+    """A ``python -m trainer serve MODEL --port PORT *extra`` process and its base URL."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        port: int,
+        log_path: Path,
+        extra: list[str],
+        *,
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> None:
+        self.model_dir = model_dir
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        argv = [
+            *(prefix or []),
+            sys.executable,
+            "-m",
+            "trainer",
+            "serve",
+            str(model_dir),
+            "--port",
+            str(port),
+        ]
+        cwd = cwd if cwd is not None else _REPO  # where `python -m trainer` resolves without an install
+        self.process = ManagedProcess("vllm", [*argv, *extra], env=env, cwd=cwd, log_path=log_path)
+
+    def start(self, timeout_s: float = 420) -> VLLMServer:
+        """Start it and wait until ``/health`` answers (the error names why it did not)."""
+        self.process.start()
+        self.startup_s = wait_healthy(self.process, self.base_url + "/health", timeout_s=timeout_s)
+        return self
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=20)

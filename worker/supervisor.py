@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,7 +44,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
-from worker.processes import ManagedProcess
+from worker.processes import ManagedProcess, http_ok
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ class RunSupervisor:
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + settings.GRPO_VLLM_START_TIMEOUT_S
         started = time.monotonic()
-        while not _http_ok(self.base_url + "/health"):
+        while not http_ok(self.base_url + "/health"):
             self._check()
             if time.monotonic() > deadline:
                 raise AttemptEnded(
@@ -410,14 +409,6 @@ def _wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
             os.killpg(pgid, signal.SIGKILL)
         time.sleep(0.1)
     return True
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _describe(code: int | None) -> str:

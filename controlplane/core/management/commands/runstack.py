@@ -9,13 +9,12 @@ from __future__ import annotations
 import signal
 import sys
 import time
-import urllib.request
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from worker.processes import ManagedProcess, stop_all, wait_for
+from worker.processes import ManagedProcess, http_ok, stop_all, wait_for
 
 
 class Command(BaseCommand):
@@ -77,7 +76,7 @@ class Command(BaseCommand):
                 process.start()
                 self.stdout.write(f"{process.name}: pid {process.pid}, log {process.log_path}")
             url = f"http://{host}:{port}/"
-            wait_for(lambda: _http_ok(url + "healthz"), timeout_s=60, what=f"the web server on {url}")
+            wait_for(lambda: http_ok(url + "healthz"), timeout_s=60, what=f"the web server on {url}")
             if not opts["no_tiny"]:
                 self.stdout.write("building the embedded tiny model (cached after the first time)...")
                 from trainer.registry import resolve_model
@@ -109,11 +108,3 @@ class Command(BaseCommand):
             return
         run = demo_run_start()
         self.stdout.write(f"demo run #{run.pk} started")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
