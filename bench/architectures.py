@@ -24,7 +24,25 @@ from pathlib import Path
 from typing import Any
 
 WINDOW = 16
-FAMILIES = ("llama", "qwen2", "mistral", "gemma2", "gemma3", "phi3", "olmo2")
+# family -> (model class, config class, config features of ``random_causal_lm``)
+_FAMILIES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", ("head_dim", "llama3_rope")),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", ()),
+    "mistral": ("MistralForCausalLM", "MistralConfig", ("head_dim", "window")),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", ("head_dim", "window", "alternating", "softcaps")),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", ("head_dim", "window", "alternating")),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", ("window", "untied")),  # derives its head dim
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", ()),
+}
+FAMILIES = tuple(_FAMILIES)
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 128,
+}
 _TOKENIZER_FILES = (
     "chat_template.jinja",
     "tokenizer.json",
@@ -71,50 +89,21 @@ def random_causal_lm(
         bos_token_id=None,
         eos_token_id=None,
     )
-    head_dim = {"head_dim": hidden_size // heads}
-    windowed = {"sliding_window": window}
-    alternating = {
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    features = {
+        "head_dim": {"head_dim": hidden_size // heads},
+        "window": {"sliding_window": window},
+        "alternating": {
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        },
+        "softcaps": {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
+        "llama3_rope": {"rope_parameters": _LLAMA3_ROPE},
+        "untied": {"tie_word_embeddings": False},
     }
-    if family == "llama":
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 128,
-        }
-        cls, cfg, extra = (
-            transformers.LlamaForCausalLM,
-            transformers.LlamaConfig,
-            {**head_dim, "rope_parameters": rope},
-        )
-    elif family == "qwen2":
-        cls, cfg, extra = transformers.Qwen2ForCausalLM, transformers.Qwen2Config, {}
-    elif family == "mistral":
-        cls, cfg, extra = (
-            transformers.MistralForCausalLM,
-            transformers.MistralConfig,
-            {**head_dim, **windowed},
-        )
-    elif family == "gemma2":
-        softcaps = {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}
-        cls, cfg = transformers.Gemma2ForCausalLM, transformers.Gemma2Config
-        extra = {**head_dim, **windowed, **alternating, **softcaps}
-    elif family == "gemma3":
-        cls, cfg = transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig
-        extra = {**head_dim, **windowed, **alternating}
-    elif family == "phi3":  # derives its head dim
-        cls, cfg, extra = (
-            transformers.Phi3ForCausalLM,
-            transformers.Phi3Config,
-            {**windowed, "tie_word_embeddings": False},
-        )
-    elif family == "olmo2":
-        cls, cfg, extra = transformers.Olmo2ForCausalLM, transformers.Olmo2Config, {}
-    else:
+    if family not in _FAMILIES:
         raise ValueError(f"family={family!r}: expected one of {', '.join(FAMILIES)}")
+    model_class, config_class, wanted = _FAMILIES[family]
+    cls, cfg = getattr(transformers, model_class), getattr(transformers, config_class)
+    extra = {key: value for name in wanted for key, value in features[name].items()}
     torch.manual_seed(seed)
     model = cls(cfg(**{**base, **extra, **config})).float()
     return model.eval()

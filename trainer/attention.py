@@ -29,6 +29,7 @@ Layer variants the models pass to the attention function, followed on both paths
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -160,8 +161,10 @@ def tree_mask_mod(
     return windowed_mask_mod
 
 
+@functools.cache
 def _softcap_score_mod(softcap: float):
-    """FlexAttention ``score_mod``: ``softcap * tanh(score / softcap)`` (Gemma 2's attention softcap)."""
+    """FlexAttention ``score_mod``: ``softcap * tanh(score / softcap)`` (Gemma 2's attention softcap);
+    one function per cap value, so every layer and step hands the compiled kernel the same object."""
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return torch.tanh(score / softcap) * softcap
@@ -311,12 +314,11 @@ def tree_forward_kwargs(
     Returns ``input_ids`` (1, L), ``position_ids`` (1, L), ``tree_mask`` and ``use_cache=False``.
     """
     device = device if device is not None else row.input_ids.device
+    positions = row.position_ids.to(device)  # one copy serves RoPE and the sliding-window masks
     return {
         "input_ids": row.input_ids.to(device)[None],
-        "position_ids": row.position_ids.to(device)[None],
-        "tree_mask": TreeMask(
-            row.tin.to(device), row.tout.to(device), backend=backend, positions=row.position_ids.to(device)
-        ),
+        "position_ids": positions[None],
+        "tree_mask": TreeMask(row.tin.to(device), row.tout.to(device), backend=backend, positions=positions),
         "use_cache": False,
     }
 

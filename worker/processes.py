@@ -181,7 +181,7 @@ class VLLMServer:
     def start(self, timeout_s: float = 420) -> VLLMServer:
         """Start it and wait until ``/health`` answers (the error names why it did not)."""
         self.process.start()
-        self.startup_s = wait_healthy(self.process, self.base_url + "/health", timeout_s=timeout_s)
+        wait_healthy(self.process, self.base_url + "/health", timeout_s=timeout_s)
         return self
 
     def stop(self) -> None:

@@ -134,6 +134,7 @@ class AsyncRolloutLoop:
         self.server: ServerSettings | None = None
         self.client: VLLMClient | None = None
         self.executor: ThreadPoolExecutor | None = None
+        # getattr: the constructor reads no config field, so a loop built for one hook needs none
         self.renderer = ConversationRenderer(
             processing_class, self.eos_token_ids, getattr(config, "chat_template_kwargs", None)
         )
@@ -610,7 +611,7 @@ class AsyncRolloutLoop:
             )
         samples_per_rollout = [len(s) for s in group.completions_sequences]
         record_reward_metrics(self.window, score, samples_per_rollout)
-        record_completion_metrics(self.window, item.rollouts, set(self.eos_token_ids))
+        record_completion_metrics(self.window, item.rollouts, self.renderer.eos_token_ids)
         samples: list[TrainingSequence] = []
         if score.kept:
             now = time.time()

@@ -22,7 +22,7 @@ import inspect
 import math
 import pickle
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,7 +243,7 @@ def record_reward_metrics(
                 window.add(f"rewards/{name}/group_std", std)
 
 
-def _terminated(rollout: Rollout, eos_token_ids: set[int]) -> bool:
+def _terminated(rollout: Rollout, eos_token_ids: Set[int]) -> bool:
     if not rollout.turns:
         return False
     last = rollout.turns[-1]
@@ -253,7 +253,7 @@ def _terminated(rollout: Rollout, eos_token_ids: set[int]) -> bool:
 
 
 def record_completion_metrics(
-    window: MetricWindow, rollouts: Sequence[Rollout], eos_token_ids: set[int]
+    window: MetricWindow, rollouts: Sequence[Rollout], eos_token_ids: Set[int]
 ) -> None:
     """``completions/*`` of one group (all groups, dropped ones included).
 
