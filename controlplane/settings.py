@@ -89,10 +89,19 @@ CACHES = {
 GRPO_LOGIN_MAX_FAILURES = int(os.environ.get("GRPO_LOGIN_MAX_FAILURES", "10"))
 GRPO_LOGIN_WINDOW_S = int(os.environ.get("GRPO_LOGIN_WINDOW_S", "300"))
 
+# redis-py 8 gives every connection a 5 s socket read timeout, the same as channels-redis's blocking
+# pop (BZPOPMIN, brpop_timeout = 5 s): an idle consumer's read then races the server's empty answer
+# and often loses, raising TimeoutError and closing the browser's websocket every few seconds. Reads
+# must outlast the pop; a dead Redis is still detected, after this many seconds (None = never).
+GRPO_CHANNEL_SOCKET_TIMEOUT_S = float(os.environ.get("GRPO_CHANNEL_SOCKET_TIMEOUT_S", "30"))
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": GRPO_CHANNEL_SOCKET_TIMEOUT_S}],
+            "capacity": 1000,
+            "expiry": 30,
+        },
     }
 }
 

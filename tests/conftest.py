@@ -6,9 +6,14 @@ worker process consuming from Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +22,59 @@ from worker.processes import VLLMServer, free_port, http_ok
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 # VLLMServer, free_port and http_ok live in worker.processes; test modules import them from here too.
-__all__ = ["REPO", "PYTHON", "VLLMServer", "free_port", "http_ok", "start_celery_worker"]
+__all__ = [
+    "CHROMIUM",
+    "DbThread",
+    "PYTHON",
+    "REPO",
+    "VLLMServer",
+    "daphne_on_test_db",
+    "free_port",
+    "http_ok",
+    "start_celery_worker",
+]
+# Debian's chromium, driven by Playwright through executable_path (no browser download).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class DbThread:
+    """ORM calls from a test that also drives Playwright's sync API, whose event loop makes Django
+    refuse synchronous database calls in the test's own thread: one worker thread, with its own
+    connection, closed on exit. ``with DbThread() as db: db(fn, *args, **kwargs)``."""
+
+    def __enter__(self) -> DbThread:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db")
+        return self
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def __exit__(self, *exc: object) -> None:
+        from django.db import connection
+
+        # A lambda: ``connection.close`` evaluated here would bind the caller's thread's connection.
+        self._pool.submit(lambda: connection.close()).result()
+        self._pool.shutdown()
+
+
+@contextlib.contextmanager
+def daphne_on_test_db(log_path: Path, *, queue: str, port: int | None = None) -> Iterator[str]:
+    """daphne serving ``controlplane.asgi`` on pytest-django's test database, runs enqueued on
+    ``queue``; yields the base URL once ``/healthz`` answers (on ``port``, or a free one)."""
+    from worker.processes import ManagedProcess, wait_for
+
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_RUNS_QUEUE": queue}
+    port = port or free_port()
+    argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
+    proc = ManagedProcess("daphne", argv, env=env, cwd=REPO, log_path=log_path).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_ok(base + "/healthz") or proc.poll() is not None, timeout_s=60, what="daphne")
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{proc.log_tail(40)}")
+        yield base
+    finally:
+        proc.stop(grace_s=5)
 
 
 @pytest.fixture(scope="session")

@@ -7,36 +7,18 @@ completion appear with no page reload, reads a diagnosis, and stops the run from
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import Run, RunStatus
-from tests.conftest import PYTHON, REPO, free_port, http_ok, subprocess_database_url
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.conftest import CHROMIUM, REPO, daphne_on_test_db
 
 
 @pytest.fixture
 def web_server(celery_worker_process, transactional_db, tmp_path):
-    """daphne serving ``controlplane.asgi`` on the test database; runs go to the test worker's queue."""
-    from worker.processes import ManagedProcess, wait_for
-
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
-    env["GRPO_RUNS_QUEUE"] = celery_worker_process["queue"]
-    port = free_port()
-    argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
-    proc = ManagedProcess("daphne", argv, env=env, cwd=REPO, log_path=tmp_path / "daphne.log").start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_ok(base + "/healthz") or proc.poll() is not None, timeout_s=60, what="daphne")
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited:\n{proc.log_tail(40)}")
+    """daphne on the test database; runs go to the test worker's queue."""
+    with daphne_on_test_db(tmp_path / "daphne.log", queue=celery_worker_process["queue"]) as base:
         yield base
-    finally:
-        proc.stop(grace_s=5)
 
 
 @pytest.mark.vllm
@@ -103,7 +85,8 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             # The diagnosis panel applies the spec's tables to the live metrics.
             page.wait_for_selector("#diagnosis .diagnosis[data-topic='bottleneck']", timeout=60_000)
 
-            # Stop from the page; the status arrives over the socket.
+            # Stop from the page (accepting its confirmation); the status arrives over the socket.
+            page.once("dialog", lambda dialog: dialog.accept())
             page.click("#stop-button")
             page.wait_for_function(
                 "['stopping', 'stopped'].includes(document.querySelector('#run-status').textContent)",

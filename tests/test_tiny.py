@@ -8,6 +8,7 @@ for it (~2 minutes on 2 cores).
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -226,3 +227,82 @@ def test_arithmetic_rows_are_deterministic_and_split():
     assert problem_split(Problem(12, "+", 7, 3)) == problem_split(Problem(12, "+", 7, 3))
     with pytest.raises(ValueError):
         arithmetic_rows(1, split="test")
+
+
+def test_shipped_build_is_current():
+    """The package ships the build of its own sources; edit tiny.py & co. and this says how to redo it."""
+    from trainer.tiny import PREBUILT_DIR
+
+    report = read_build_report(PREBUILT_DIR)
+    assert report is not None and report["source_hash"] == source_hash() and report["seed"] == 0, (
+        "trainer/tiny_model/ is not the build of the current sources; rebuild it with "
+        "`GRPO_TINY_PREBUILT=0 python -m trainer tiny trainer/tiny_model --force`"
+    )
+
+
+def _same_files(a, b) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
+
+
+def test_cli_copies_the_shipped_build_into_a_new_outdir(tmp_path):
+    """``python -m trainer tiny OUTDIR`` on a fresh OUTDIR copies the shipped build (no training)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from trainer.tiny import PREBUILT_DIR
+
+    out = tmp_path / "model"
+    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "empty-cache")}
+    # A build from scratch takes minutes on 2 cores; a copy takes well under a second.
+    subprocess.run(
+        [sys.executable, "-m", "trainer", "tiny", str(out)], cwd=REPO, env=env, check=True, timeout=120
+    )
+    assert _same_files(out, PREBUILT_DIR)
+
+
+def test_cli_copies_a_cached_build_when_the_shipped_one_is_off(tmp_path):
+    """The issue's case: the cache holds this build, a new OUTDIR gets a copy instead of a rebuild."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from trainer.tiny import PREBUILT_DIR, PREBUILT_ENV
+
+    cache = tmp_path / "cache"
+    cached = cache / "tiny" / source_hash()[:16]
+    shutil.copytree(PREBUILT_DIR, cached)
+    env = {**os.environ, "GRPO_CACHE_DIR": str(cache), PREBUILT_ENV: "0"}
+    for name in ("a", "b"):
+        subprocess.run(
+            [sys.executable, "-m", "trainer", "tiny", str(tmp_path / name)],
+            cwd=REPO,
+            env=env,
+            check=True,
+            timeout=120,
+        )
+        assert _same_files(tmp_path / name, cached)
+
+
+def test_a_short_build_from_scratch_saves_and_reloads(tmp_path):
+    """The build pipeline itself (the suite otherwise copies the shipped build): tokenizer, model,
+    a few warm-start steps that lower the loss, save, and a reload equal to what was saved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny import build_model, build_tokenizer, warm_start
+
+    tokenizer = build_tokenizer(seed=0)
+    model = build_model(tokenizer, seed=0)
+    stats = warm_start(model, tokenizer, seed=0, steps=16)
+    assert stats["arith_loss_last"] < stats["arith_loss_first"], stats
+    tokenizer.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    saved, loaded = model.state_dict(), again.state_dict()
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)

@@ -12,6 +12,13 @@ Builds, with no network, a model that transformers loads and vLLM serves:
    count, build seconds, eval accuracy greedy and sampled at T=1, tool-call rate).
 
 A build is cached: an OUTDIR whose ``tiny_build.json`` has the same source hash and seed is reused.
+An OUTDIR without it is filled by copying a build of the same sources and seed when one exists: the
+build shipped in the package (``trainer/tiny_model/``, ~2.4 MB, what the build computes: the weights
+are bitwise identical with 1 or 2 threads) or the user's cache (``~/.cache/grpo/tiny``). So neither
+``make run`` nor ``python -m trainer tiny OUTDIR`` trains from scratch unless these sources changed.
+After changing them, rebuild the shipped copy (``tests/test_tiny.py`` fails until then)::
+
+    GRPO_TINY_PREBUILT=0 python -m trainer tiny trainer/tiny_model --force
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ __all__ = [
 
 BUILD_REPORT = "tiny_build.json"
 _PACKAGE = Path(__file__).resolve().parent
+# The build of these sources (seed 0), shipped with the package; "0" in PREBUILT_ENV ignores it.
+PREBUILT_DIR = _PACKAGE / "tiny_model"
+PREBUILT_ENV = "GRPO_TINY_PREBUILT"
 SOURCE_FILES = ("tiny.py", "chat_template.py", "tasks/arithmetic.py", "builtin_tools.py")
 
 PAD_TOKEN = "<|endoftext|>"
@@ -528,6 +538,9 @@ def build_tiny(outdir: str | Path, *, seed: int = 0, force: bool = False) -> dic
         cached = read_build_report(outdir)
         if not force and _is_current(cached, seed):
             return cached
+        copied = None if force else _copy_current_build(outdir, seed)
+        if copied is not None:
+            return copied
         started = time.perf_counter()
         threads = torch.get_num_threads()
         torch.set_num_threads(_build_threads())
@@ -537,6 +550,34 @@ def build_tiny(outdir: str | Path, *, seed: int = 0, force: bool = False) -> dic
             torch.set_num_threads(threads)
         logger.info("tiny: built %s in %.0f s", outdir, report["build_seconds"])
         return report
+
+
+def current_builds(seed: int) -> list[Path]:
+    """Directories holding a build of these sources and ``seed``: the shipped one (seed 0, unless
+    ``GRPO_TINY_PREBUILT=0``), then the user's cache."""
+    from trainer.registry import cache_root
+
+    found = []
+    if seed == 0 and os.environ.get(PREBUILT_ENV, "1") != "0":
+        found.append(PREBUILT_DIR)
+    found.append(cache_root() / "tiny" / (source_hash()[:16] + ("" if seed == 0 else f"-s{seed}")))
+    return [d for d in found if _is_current(read_build_report(d), seed)]
+
+
+def _copy_current_build(outdir: Path, seed: int) -> dict | None:
+    """Fill ``outdir`` (atomically) from a current build elsewhere; its report, or None if none."""
+    for source in current_builds(seed):
+        if source.resolve() == outdir.resolve():
+            continue
+        staging = outdir.with_name(outdir.name + ".copying")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source, staging)
+        if outdir.exists():
+            shutil.rmtree(outdir)
+        staging.rename(outdir)
+        logger.info("tiny: copied the build of these sources from %s to %s", source, outdir)
+        return read_build_report(outdir)
+    return None
 
 
 def _build_threads() -> int:

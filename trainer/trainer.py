@@ -36,6 +36,7 @@ from trainer.chat_template import check_text_only
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.host import share_cpu_with_local_server
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
 from trainer.modeling import (
@@ -118,6 +119,9 @@ class AsyncGRPOTrainer(Trainer):
                 raise ValueError(f"train_dataset needs a 'prompt' column (conversational); it has {columns}")
             _check_prompts_text_only(train_dataset)
 
+        share_cpu_with_local_server(
+            args.vllm_server_base_url, uses_cuda=torch.cuda.is_available() and not args.use_cpu
+        )
         policy = load_policy(model, args)
         self.model_name = policy.config._name_or_path or str(name)
         if processing_class is None:

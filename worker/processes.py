@@ -63,6 +63,11 @@ class ManagedProcess:
         """Exit status, or ``None`` while running."""
         return None if self.proc is None else self.proc.poll()
 
+    def terminate(self) -> None:
+        """SIGTERM the whole process group and return at once (``stop`` then waits and kills)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after ``grace_s``; returns the exit status."""
         if self.proc is None:

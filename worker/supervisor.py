@@ -134,7 +134,16 @@ class RunSupervisor:
     def _attempt(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         config = self.run_obj.config
+        started = time.monotonic()
+        services.run_event_create(
+            run_id=self.run_id, kind=RunEventKind.INFO, message=_model_plan(config["model"])
+        )
         model_dir = self._blocking(lambda: _resolve_model(config["model"]), what="resolving the model")
+        services.run_event_create(
+            run_id=self.run_id,
+            kind=RunEventKind.INFO,
+            message=f"model ready after {time.monotonic() - started:.0f} s: {model_dir}",
+        )
         config_path = self._write_launch_document(model_dir)
         self._start_vllm(model_dir, config)
         self._wait_healthy()
@@ -367,6 +376,19 @@ class RunSupervisor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+def _model_plan(name: str) -> str:
+    """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
+    if name != "tiny":
+        return f"model: {name}"
+    from trainer.registry import cache_root
+    from trainer.tiny import current_builds, read_build_report, source_hash
+
+    cached = cache_root() / "tiny" / source_hash()[:16]
+    if read_build_report(cached) or current_builds(0):
+        return "model: the embedded tiny model (a build of these sources exists; copying it if needed)"
+    return "model: building the embedded tiny model from scratch (its sources changed; ~3 min on 2 cores)"
+
+
 def _resolve_model(name: str) -> str:
     """A registered model name to its local directory (the tiny model is built once and cached)."""
     from trainer.registry import is_registered, resolve_model

@@ -22,6 +22,7 @@ from controlplane.runs.serializers import (
     CompletionsQuerySerializer,
     DiagnosisOutputSerializer,
     EventOutputSerializer,
+    EventsQuerySerializer,
     MetricsOutputSerializer,
     MetricsQuerySerializer,
     RunCreatedSerializer,
@@ -188,11 +189,15 @@ class RunCompletionsApi(APIView):
 class RunEventsApi(APIView):
     @extend_schema(
         summary="The run's latest events (status changes, process exits, log tails), oldest first",
+        parameters=[EventsQuerySerializer],
         responses=EventOutputSerializer(many=True),
     )
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
-        return Response(EventOutputSerializer(selectors.run_event_list(run=run), many=True).data)
+        query = EventsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        events = selectors.run_event_list(run=run, after_id=query.validated_data.get("after_id"))
+        return Response(EventOutputSerializer(events, many=True).data)
 
 
 class RunCheckpointsApi(APIView):

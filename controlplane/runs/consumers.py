@@ -6,7 +6,7 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
     {"type": "status", "status": "running", "step": 12, ...}
     {"type": "metrics", "step": 13, "values": {"reward": 0.5, ...}}   one message per logging step
     {"type": "completions", "step": 13, "items": [...]}             one message per logged batch
-    {"type": "event", "kind": "log", "message": "...", "created_at": "..."}
+    {"type": "event", "id": 7, "kind": "log", "message": "...", "created_at": "..."}
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
 Producers batch: the trainer's reporting callback flushes at most every ~250 ms, and

@@ -11,11 +11,14 @@ import typing
 from typing import Any
 
 from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS
 
 from controlplane.runs.selectors import MAIN_ARGS
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, run_document_validate
 from trainer import registry
 from trainer.run_config import RunConfigError
+
+MAX_VALIDATION_PASSES = 4
 
 
 def _arg_field(name: str, f: dataclasses.Field, annotation: Any) -> forms.Field:
@@ -28,6 +31,29 @@ def _arg_field(name: str, f: dataclasses.Field, annotation: Any) -> forms.Field:
     if float in types:
         return forms.FloatField(required=False, initial=f.default, label=label, help_text=help_text)
     return forms.IntegerField(required=False, initial=f.default, label=label, help_text=help_text)
+
+
+def document_errors(*, document: dict) -> dict[str, str]:
+    """Every error of :func:`run_document_validate` in ``document``, not just the first refusal.
+
+    Type and name errors in ``args`` keep ``AsyncGRPOConfig`` from being built, and building it stops
+    at its first refusal; so the keys already refused are taken out and the rest checked again (at
+    most :data:`MAX_VALIDATION_PASSES` times). ``{}`` when the document is valid.
+    """
+    errors: dict[str, str] = {}
+    args = dict(document.get("args") or {})
+    for _ in range(MAX_VALIDATION_PASSES):
+        try:
+            run_document_validate(document={**document, "args": args})
+        except RunConfigError as exc:
+            errors.update({path: msg for path, msg in exc.errors.items() if path not in errors})
+            refused = {path.split(".")[1] for path in exc.errors if path.startswith("args.")} & set(args)
+            if not refused:
+                break
+            args = {key: value for key, value in args.items() if key not in refused}
+        else:
+            break
+    return errors
 
 
 def _main_arg_fields() -> dict[str, tuple[forms.Field, Any]]:
@@ -64,7 +90,18 @@ class RunForm(forms.Form):
         for name, (field, default) in _main_arg_fields().items():
             self.fields[name] = field
             self._defaults[name] = default
+        for name in ("model", "train_dataset"):
+            self._offer_unregistered(name)
         self._document: dict | None = None
+
+    def _offer_unregistered(self, name: str) -> None:
+        """Add the submitted (or cloned) value of ``name`` to its choices when the registry lacks it
+        (a local path, which the API accepts under the allowed roots): the select keeps showing it and
+        :func:`run_document_validate` decides, as it does for the API."""
+        value = self.data.get(name) if self.is_bound else self.initial.get(name)
+        field = self.fields[name]
+        if isinstance(value, str) and value and value not in dict(field.choices):
+            field.choices = [*field.choices, (value, value)]
 
     @property
     def main_arg_names(self) -> tuple[str, ...]:
@@ -90,9 +127,20 @@ class RunForm(forms.Form):
         return value
 
     def clean(self) -> dict:
+        """Build the document from whatever cleaned and validate it even when some fields did not:
+        every field error and every config error show at once, each beside its field."""
         data = super().clean()
-        if self.errors:
-            return data
+        document = self._document_from(data)
+        errors = document_errors(document=document)
+        if errors:
+            self.add_config_errors(errors)
+        elif not self.errors:
+            self._document = document
+        return data
+
+    def _document_from(self, data: dict) -> dict:
+        """The RUN.yaml document of the cleaned values; a field that did not clean is left out of
+        ``args`` (the spec's default stands in) so that the others can still be validated."""
         args: dict[str, Any] = {}
         for name in MAIN_ARGS:
             value = data.get(name)
@@ -102,22 +150,21 @@ class RunForm(forms.Form):
             if value is not None and value != default:
                 args[name] = value
         args.update(data.get("advanced") or {})
-        document = {
-            "model": data["model"],
-            "train_dataset": data["train_dataset"],
-            "reward_funcs": list(data["reward_funcs"]),
+        return {
+            "model": data.get("model") or "",
+            "train_dataset": data.get("train_dataset") or "",
+            "reward_funcs": list(data.get("reward_funcs") or []),
             "args": args,
         }
-        try:
-            self._document = run_document_validate(document=document)
-        except RunConfigError as exc:
-            self.add_config_errors(exc.errors)
-        return data
 
     def add_config_errors(self, errors: dict[str, str]) -> None:
-        """Put each ``{field path: message}`` beside the form field it names."""
+        """Put each ``{field path: message}`` beside the form field it names, except on fields that
+        already carry their own error (a value that did not clean was not what was validated)."""
+        had_errors = {name for name in self.errors if name != NON_FIELD_ERRORS}
         for path, message in errors.items():
             field = self.field_for_path(path)
+            if field in had_errors:
+                continue
             self.add_error(field, message if field not in (None, "advanced") else f"{path}: {message}")
 
     def field_for_path(self, path: str) -> str | None:

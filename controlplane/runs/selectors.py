@@ -172,10 +172,13 @@ def run_completion_list(
     return samples.order_by("-step", "index")
 
 
-def run_event_list(*, run: Run, limit: int = 200) -> list[RunEvent]:
-    """The run's latest ``limit`` events, oldest first."""
-    events = list(RunEvent.objects.filter(run=run).order_by("-created_at", "-id")[:limit])
-    return events[::-1]
+def run_event_list(*, run: Run, limit: int = 200, after_id: int | None = None) -> list[RunEvent]:
+    """The run's latest ``limit`` events, oldest first; with ``after_id``, only events with a larger id
+    (what a reconnecting page missed)."""
+    events = RunEvent.objects.filter(run=run)
+    if after_id is not None:
+        events = events.filter(id__gt=after_id)
+    return list(events.order_by("-created_at", "-id")[:limit])[::-1]
 
 
 def run_checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:

@@ -119,7 +119,13 @@ class CompletionOutputSerializer(serializers.ModelSerializer):
 class EventOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = RunEvent
-        fields = ["created_at", "kind", "message"]
+        fields = ["id", "created_at", "kind", "message"]
+
+
+class EventsQuerySerializer(serializers.Serializer):
+    after_id = serializers.IntegerField(
+        required=False, min_value=0, max_value=2**63 - 1, help_text="only events with a larger id"
+    )
 
 
 class CheckpointOutputSerializer(serializers.ModelSerializer):

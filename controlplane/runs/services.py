@@ -153,25 +153,14 @@ def demo_run_start() -> Run:
 
 
 def demo_config() -> dict:
-    """The demo RUN.yaml document (registry names only, so it passes the web's validation)."""
-    return {
-        "model": "tiny",
-        "train_dataset": "arithmetic",
-        "reward_funcs": ["trainer.rewards.accuracy_reward"],
-        "args": {
-            "max_steps": 200,
-            "num_generations": 8,
-            "max_completion_length": 24,
-            "learning_rate": 5e-4,  # the rate tests/test_trainer_e2e.py shows raising reward
-            "max_staleness": 2,
-            "log_completions": True,
-            "save_steps": 50,
-            "gradient_checkpointing": False,
-            "dtype": "float32",
-            "seed": 0,
-            "disable_tqdm": True,
-        },
-    }
+    """The demo RUN.yaml document (registry names only, so it passes the web's validation).
+
+    Defined with its task (:func:`trainer.tasks.demo.demo_run_document`), where
+    ``bench/demo_learning.py`` measures the reward curve it gives.
+    """
+    from trainer.tasks.demo import demo_run_document
+
+    return demo_run_document()
 
 
 # ------------------------------------------------------------------------------ user actions
@@ -539,6 +528,7 @@ def _event(run_id: int, kind: str, message: str) -> RunEvent:
     event = RunEvent.objects.create(run_id=run_id, kind=kind, message=message)
     published = {
         "type": "run.event",
+        "id": event.id,
         "kind": event.kind,
         "message": event.message[-MAX_PUBLISHED_TEXT_CHARS:],
         "created_at": event.created_at.isoformat(),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from controlplane.runs import selectors, services
+from controlplane.runs import presets, selectors, services
 from controlplane.runs.forms import RunForm
 from trainer.run_config import RunConfigError
 
@@ -45,8 +47,12 @@ def run_compare_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run_create_view(request: HttpRequest) -> HttpResponse:
-    form = RunForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
+    """The run form: prefilled from the chosen model's preset, or from a run the user may see
+    (``?clone=<id>``, else 404); a POST with errors re-renders what was typed with every error."""
+    posted = request.method == "POST"
+    prefill = presets.RunFormPrefill(initial={}) if posted else _run_form_prefill(request)
+    form = RunForm(request.POST or None, initial=prefill.initial)
+    if posted and form.is_valid():
         try:
             run, _ = services.run_create(
                 owner=request.user, name=form.cleaned_data.get("name") or "", config=form.document()
@@ -56,12 +62,24 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Run {run.pk} queued.")
             return redirect("runs:detail", run_id=run.pk)
-    return render(
-        request,
-        "runs/run_form.html",
-        {"form": form, "main_fields": [form[name] for name in form.main_arg_names]},
-        status=400 if request.method == "POST" else 200,
-    )
+    context = {
+        "form": form,
+        "main_fields": [form[name] for name in form.main_arg_names],
+        "presets": presets.form_presets(),
+        "prefill": prefill,
+    }
+    return render(request, "runs/run_form.html", context, status=400 if posted else 200)
+
+
+def _run_form_prefill(request: HttpRequest) -> presets.RunFormPrefill:
+    """``?clone=<id>``: that run's config (404 unless the user may see it); else the default preset."""
+    clone = request.GET.get("clone")
+    if clone is None:
+        return presets.run_new_prefill()
+    if not re.fullmatch(r"[0-9]{1,18}", clone):
+        raise Http404("clone must be a run id")
+    run = selectors.run_get(user=request.user, run_id=int(clone))
+    return presets.run_clone_prefill(run=run)
 
 
 @login_required

@@ -29,6 +29,10 @@
     frame: 0,
     diagnosisAt: 0,
     diagnosisTimer: 0,
+    eventIds: new Set(), // ids of the events shown (the socket and a backfill may both carry one)
+    lastEventId: 0,
+    everOpen: false, // a socket has been open once: the next open is a reconnect
+    reconnects: 0, // socket re-opens after a drop (root.dataset.reconnects mirrors it for tests)
   };
 
   // ---------------------------------------------------------------- helpers
@@ -263,6 +267,11 @@
 
   // ---------------------------------------------------------------- events and log tail
   function addEvent(e, { prepend = false } = {}) {
+    if (e.id !== undefined && e.id !== null) {
+      if (state.eventIds.has(e.id)) return;
+      state.eventIds.add(e.id);
+      if (e.id > state.lastEventId) state.lastEventId = e.id;
+    }
     const body = document.getElementById("events");
     const time = e.created_at ? new Date(e.created_at).toLocaleTimeString() : "";
     const row = el("tr", { "data-kind": e.kind }, el("td", { text: time }), el("td", { text: e.kind }), el("td", {}, el("pre", { text: e.message })));
@@ -305,6 +314,8 @@
     const form = document.getElementById(id);
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
+      // Stop asks first (the form's data-confirm); cancelling sends nothing.
+      if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
       const button = form.querySelector("button");
       button.disabled = true;
       try {
@@ -346,7 +357,13 @@
     socket.onopen = () => {
       conn.textContent = "live";
       conn.className = "conn live";
-      if (retryMs > 500) backfill(); // after a reconnect: fetch what was missed
+      if (state.everOpen) {
+        // After a drop: count it, and fetch what was missed while the socket was down.
+        state.reconnects += 1;
+        root.dataset.reconnects = String(state.reconnects);
+        backfill().catch((err) => console.warn("backfill", err));
+      }
+      state.everOpen = true;
       retryMs = 500;
     };
     socket.onmessage = (ev) => handle(JSON.parse(ev.data));
@@ -362,15 +379,21 @@
     };
   }
 
+  /** What a dropped socket missed: metrics and completions after the last step shown, events after
+   * the last event shown (the socket's status message on re-open brings the status). */
   async function backfill() {
-    const since = state.lastStep;
-    const [metrics, completions] = await Promise.all([
+    if (!state.historyLoaded) return; // the first history load is still under way and covers it
+    // One step back: a step's completions may follow its metrics; duplicates replace, never add.
+    const since = Math.max(0, state.lastStep - 1);
+    const [metrics, completions, events] = await Promise.all([
       getJSON(`metrics/?layout=columns&since_step=${since}`),
       getJSON(`completions/?since_step=${since}&page_size=500`),
+      getJSON(`events/?after_id=${state.lastEventId}`),
     ]);
     loadMetricColumns(metrics.series);
     loadCompletionPage(completions.results);
     renderCompletions();
+    for (const e of events) addEvent(e);
   }
 
   function loadMetricColumns(series) {

@@ -1,0 +1,102 @@
+"""What the run form starts from: a preset of RUN.yaml ``args`` per model, and the form's initial
+values built from a preset or from an existing run's config ("Clone this run").
+
+The one place presets live. ``tiny`` starts from the demo run's args (whatever
+:func:`controlplane.runs.services.demo_config` says today); any other model starts from the spec's
+defaults with a finite length, sampled completions logged, 1,024-token completions and a checkpoint
+every 100 steps. Main hyper-parameters (:data:`~controlplane.runs.selectors.MAIN_ARGS`) fill the
+form's grid; every other key goes into its "advanced" JSON box.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.runs.models import Run
+from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
+from controlplane.runs.services import demo_config
+from trainer import registry
+
+DEFAULT_MODEL = "tiny"
+FORM_KEYS = ("model", "train_dataset", "reward_funcs", "args")  # what the form has fields for
+MAX_NAME_CHARS = 200
+CLONE_SUFFIX = " (clone)"
+
+# Models without a preset of their own: the spec's defaults (its learning rate included) except these.
+GENERIC_ARGS: dict[str, Any] = {
+    "max_steps": 500,
+    "log_completions": True,
+    "max_completion_length": 1024,
+    "save_steps": 100,
+}
+
+
+def _tiny_args() -> dict[str, Any]:
+    """The demo run's args, read at each call (the demo config is tuned on its own)."""
+    return dict(demo_config()["args"])
+
+
+def _generic_args() -> dict[str, Any]:
+    """The preset of every model without one of its own."""
+    return dict(GENERIC_ARGS)
+
+
+# model name -> its preset's args (a function: read when the form is shown, never copied)
+PRESETS: dict[str, Callable[[], dict[str, Any]]] = {"tiny": _tiny_args}
+
+
+def run_preset(*, model: str) -> dict[str, Any]:
+    """The RUN.yaml ``args`` the form is prefilled with for ``model`` (a fresh dict)."""
+    return PRESETS.get(model, _generic_args)()
+
+
+@dataclass(frozen=True)
+class RunFormPrefill:
+    """Initial values for the run form; for a clone, the source run's id and the top-level config
+    keys the form has no field for (left out of the clone)."""
+
+    initial: dict[str, Any]
+    cloned_from: int | None = None
+    dropped: list[str] = field(default_factory=list)
+
+
+def form_args_split(*, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` as the form shows them: every main field (the spec's default where ``args`` leaves it
+    out) plus ``advanced``, the JSON text of the other keys ("" when there are none)."""
+    values = {**main_arg_defaults(), **{k: v for k, v in args.items() if k in MAIN_ARGS}}
+    rest = {k: v for k, v in args.items() if k not in MAIN_ARGS}
+    return {**values, "advanced": json.dumps(rest) if rest else ""}
+
+
+def form_presets() -> dict[str, Any]:
+    """What the form page embeds for its script: each registered model's prefilled values and the
+    generic preset's (used for any model without its own)."""
+    return {
+        "presets": {model: form_args_split(args=run_preset(model=model)) for model in registry.MODELS},
+        "generic": form_args_split(args=_generic_args()),
+    }
+
+
+def run_new_prefill(*, model: str = DEFAULT_MODEL) -> RunFormPrefill:
+    """A new run: ``model`` and its preset (dataset and reward functions keep the form's own initials)."""
+    return RunFormPrefill(initial={"model": model, **form_args_split(args=run_preset(model=model))})
+
+
+def run_clone_prefill(*, run: Run) -> RunFormPrefill:
+    """Every field from ``run``'s stored config (which the caller checked the user may see), named
+    ``"<name> (clone)"``; top-level keys the form has no field for are listed in ``dropped``."""
+    config = run.config if isinstance(run.config, dict) else {}
+    args = config.get("args") if isinstance(config.get("args"), dict) else {}
+    reward_funcs = config.get("reward_funcs") or []
+    initial = {
+        "name": run.name[: MAX_NAME_CHARS - len(CLONE_SUFFIX)] + CLONE_SUFFIX,
+        "model": config.get("model") or DEFAULT_MODEL,
+        "train_dataset": config.get("train_dataset") or "",
+        "reward_funcs": [reward_funcs] if isinstance(reward_funcs, str) else list(reward_funcs),
+        **form_args_split(args=args),
+    }
+    dropped = sorted(str(key) for key in config if key not in FORM_KEYS)
+    return RunFormPrefill(initial=initial, cloned_from=run.pk, dropped=dropped)
