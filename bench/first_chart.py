@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             ["psql", "-h", "127.0.0.1", "-U", "postgres", "-c", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
             capture_output=True,
         )
+    if opts.out:  # first: a reader that closes the pipe early must not lose the result
+        Path(opts.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "run_events"}))
     for event in result.get("run_events", []):
         print(f"  {event['created_at']}  {event['kind']:6s} {event['message'][:110]}")
-    if opts.out:
-        Path(opts.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
