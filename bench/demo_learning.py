@@ -110,7 +110,9 @@ def median_curve(curves: list[dict]) -> dict:
     out = {"steps": common, "reward": [], "elapsed_s": []}
     for step in common:
         at = [c["steps"].index(step) for c in curves]
-        out["reward"].append(round(statistics.median(c["reward"][i] for c, i in zip(curves, at, strict=True)), 4))
+        out["reward"].append(
+            round(statistics.median(c["reward"][i] for c, i in zip(curves, at, strict=True)), 4)
+        )
         out["elapsed_s"].append(
             round(statistics.median(c["elapsed_s"][i] for c, i in zip(curves, at, strict=True)), 2)
         )
@@ -157,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             c = curve(train_once(doc, workdir, opts.timeout))
             runs.append({"seed": seed, "wall_s": round(time.monotonic() - t0, 1), **c, **summary(c)})
-            print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("steps", "elapsed_s")}), flush=True)
+            print(
+                json.dumps({k: v for k, v in runs[-1].items() if k not in ("steps", "elapsed_s")}), flush=True
+            )
     finally:
         if server is not None:
             server.stop()

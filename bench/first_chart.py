@@ -36,7 +36,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def _events(base: str, run_id: int, token: str) -> list[dict]:
-    req = urllib.request.Request(f"{base}/api/v1/runs/{run_id}/events/", headers={"Authorization": f"Token {token}"})
+    req = urllib.request.Request(
+        f"{base}/api/v1/runs/{run_id}/events/", headers={"Authorization": f"Token {token}"}
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read())
 
@@ -101,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             result["first_reward_on_page_s"] = round(time.monotonic() - started, 1)
             browser.close()
         token = subprocess.run(
-            [sys.executable, "manage.py", "issue_token", "demo"], cwd=REPO, env=env, capture_output=True, text=True
+            [sys.executable, "manage.py", "issue_token", "demo"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
         ).stdout.split()[-1]
         result["run_events"] = [
             {"kind": e["kind"], "message": e["message"][:160], "created_at": e["created_at"]}
@@ -116,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-c", f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'],
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-c",
+                f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)',
+            ],
             capture_output=True,
         )
     if opts.out:  # first: a reader that closes the pipe early must not lose the result
