@@ -20,6 +20,16 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
     from trainer.trainer import AsyncGRPOTrainer
 
     trainer_cls = trainer_cls or AsyncGRPOTrainer
+    if spec.loop_cls:
+        from trainer.rollout.loop import AsyncRolloutLoop
+
+        loop_cls = resolve_callable(spec.loop_cls)
+        if not (isinstance(loop_cls, type) and issubclass(loop_cls, AsyncRolloutLoop)):
+            raise ValueError(f"loop_cls {spec.loop_cls!r} is not an AsyncRolloutLoop subclass")
+        # The spec's way: a trainer subclass whose loop_cls is the custom loop.
+        trainer_cls = type(
+            f"{trainer_cls.__name__}With{loop_cls.__name__}", (trainer_cls,), {"loop_cls": loop_cls}
+        )
     dataset = load_dataset_by_name(spec.train_dataset) if spec.train_dataset else None
     env = spec.environment_factory
     if isinstance(env, dict):

@@ -1,65 +1,216 @@
-"""Registries of importable names: models, datasets, reward functions, tools, environments.
+"""Registries of importable names: models, datasets, reward functions, tools, environments, rollout loops.
 
 RUN.yaml and the control plane refer to everything by name. The trainer CLI resolves any dotted
-import path (a user's own module); the web control plane only accepts the names listed here
-(:func:`is_registered`), so it never imports code it receives.
+import path (a user's own module); the web control plane only accepts registered names
+(:func:`is_registered`), so it never imports or fetches anything an operator did not install.
+
+Names come from two places, the built-ins included (they are declared in this project's own
+``pyproject.toml`` like any plugin's):
+
+* **entry points** of installed packages, one group per kind (:data:`ENTRY_POINT_GROUPS`):
+  ``grpo.models``, ``grpo.datasets``, ``grpo.reward_funcs``, ``grpo.tools``, ``grpo.environments``,
+  ``grpo.rollout_loops``;
+* **``GRPO_PLUGIN_MODULES``** (comma-separated module names), for operators without packaging: each
+  module's ``register(add)`` calls ``add(kind, target, name=None)`` once per entry.
+
+A target is ``"module:attr"``. Models and datasets are registered under the entry point's name and
+point at a zero-argument loader (a model's returns what ``from_pretrained`` and vLLM take; a
+dataset's returns a ``datasets.Dataset`` or a list of row dicts). Reward functions, tools,
+environment factories and rollout-loop classes are registered under their dotted path
+(``module.attr``), which is what RUN.yaml names them by (the entry point's own name is a label).
+
+Every entry records its origin (distribution and version, or the plugin module), the first line of
+its docstring and, for rewards, the dataset columns its signature reads. An entry whose import fails
+is kept as *broken*, with the error: it is listed, never registered, and never takes a caller down.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-MODELS: dict[str, str] = {
-    "tiny": "the embedded random-init Qwen3-architecture model, warm-started on arithmetic"
-}
+KINDS = ("model", "dataset", "reward_func", "tool", "environment", "rollout_loop")
+ENTRY_POINT_GROUPS = {kind: f"grpo.{kind}s" for kind in KINDS}
+PLUGIN_MODULES_ENV = "GRPO_PLUGIN_MODULES"
+# Kinds registered under the entry point's name (the rest under the target's dotted path).
+_NAMED_KINDS = ("model", "dataset")
+# Reward keyword arguments that are not dataset columns (the spec's reward contract).
+_REWARD_NON_COLUMNS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+)
 
-DATASETS: dict[str, str] = {
-    "arithmetic": "procedural arithmetic prompts (conversational) with a `solution` column, 4,000 rows",
-    "arithmetic-small": "the same task, 256 rows (quick runs, tests)",
-    "arithmetic-unseen": "single-digit facts the tiny model's warm start never saw (~55 problems), "
-    "4,000 rows: the demo's dataset, where reward rises within minutes",
-}
 
-REWARD_FUNCS: dict[str, str] = {
-    "trainer.rewards.accuracy_reward": "1.0 when the answer equals `solution` (math-verify)",
-    "trainer.rewards.boxed_format_reward": "1.0 when the completion is exactly one \\boxed{...}",
-    "trainer.rewards.think_format_reward": "1.0 for <think>...</think> then an answer",
-    "trainer.rewards.completion_length_reward": "the completion length in tokens",
-}
+@dataclass(frozen=True)
+class Entry:
+    """One registered (or broken) name."""
 
-TOOLS: dict[str, str] = {
-    "trainer.builtin_tools.add": "add two integers",
-    "trainer.builtin_tools.subtract": "subtract two integers",
-    "trainer.builtin_tools.multiply": "multiply two integers",
-}
+    kind: str
+    name: str
+    target: str  # "module:attr"
+    package: str  # the distribution (entry points) or the plugin module (GRPO_PLUGIN_MODULES)
+    version: str
+    doc: str = ""
+    columns: tuple[str, ...] = ()  # reward functions: the dataset columns they read
+    error: str = ""  # why it could not be imported (broken)
 
-ENVIRONMENTS: dict[str, str] = {}
+    @property
+    def broken(self) -> bool:
+        return bool(self.error)
 
-_KINDS = {
-    "model": MODELS,
-    "dataset": DATASETS,
-    "reward_func": REWARD_FUNCS,
-    "tool": TOOLS,
-    "environment": ENVIRONMENTS,
-}
+    def load(self) -> Any:
+        """The object the target names (imports its module)."""
+        return _load_target(self.target)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "origin": {"package": self.package, "version": self.version},
+            "target": self.target,
+            "doc": self.doc,
+        }
+        if self.kind == "reward_func":
+            out["columns"] = list(self.columns)
+        if self.broken:
+            out["broken"] = True
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class Registry:
+    """Every entry by kind and name, and plugin modules that could not register at all."""
+
+    entries: dict[str, dict[str, Entry]] = field(default_factory=lambda: {kind: {} for kind in KINDS})
+    module_errors: dict[str, str] = field(default_factory=dict)  # module -> error
+
+    def add(self, entry: Entry) -> None:
+        current = self.entries[entry.kind].get(entry.name)
+        if current is None or (current.broken and not entry.broken):
+            self.entries[entry.kind][entry.name] = entry
+
+
+def _load_target(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _first_doc_line(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def reward_columns(func: Callable) -> tuple[str, ...]:
+    """The dataset columns a reward function reads: its named parameters beyond the spec's own
+    (``prompts``, ``completions``, ``completion_ids``, ...); ``**kwargs`` reads none by name."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(
+        p.name
+        for p in params
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _REWARD_NON_COLUMNS
+    )
+
+
+def _entry(kind: str, name: str | None, target: str, package: str, version: str) -> Entry:
+    """Import ``target`` and describe it; an import failure gives a broken entry, not an exception."""
+    if ":" not in target and "." in target:  # "module.attr" accepted too
+        module_name, _, attr = target.rpartition(".")
+        target = f"{module_name}:{attr}"
+    dotted = target.replace(":", ".")
+    if kind not in _NAMED_KINDS:
+        name = dotted
+    name = name or dotted
+    try:
+        obj = _load_target(target)
+    except Exception as exc:  # a plugin's import error is data here, not a crash
+        return Entry(kind, name, target, package, version, error=f"{type(exc).__name__}: {exc}")
+    columns = reward_columns(obj) if kind == "reward_func" and callable(obj) else ()
+    if not callable(obj):
+        return Entry(kind, name, target, package, version, error=f"{dotted} is not callable")
+    return Entry(kind, name, target, package, version, doc=_first_doc_line(obj), columns=columns)
+
+
+def _from_entry_points(reg: Registry) -> None:
+    for kind, group in ENTRY_POINT_GROUPS.items():
+        for ep in metadata.entry_points(group=group):
+            dist = getattr(ep, "dist", None)
+            package = dist.metadata["Name"] if dist is not None else "?"
+            version = dist.version if dist is not None else "?"
+            reg.add(_entry(kind, ep.name, ep.value, package, version))
+
+
+def _from_plugin_modules(reg: Registry, modules: list[str]) -> None:
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+            version = str(getattr(module, "__version__", "") or "-")
+
+            def add(kind: str, target: str, name: str | None = None, *, _m=module_name, _v=version) -> None:
+                if kind not in KINDS:
+                    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+                reg.add(_entry(kind, name, target, _m, _v))
+
+            module.register(add)
+        except Exception as exc:
+            reg.module_errors[module_name] = f"{type(exc).__name__}: {exc}"
+
+
+def plugin_modules() -> list[str]:
+    """``GRPO_PLUGIN_MODULES`` as a list of module names."""
+    return [m.strip() for m in os.environ.get(PLUGIN_MODULES_ENV, "").split(",") if m.strip()]
+
+
+@functools.cache
+def current() -> Registry:
+    """The registry of this process (built once; :func:`refresh` rebuilds it)."""
+    reg = Registry()
+    _from_entry_points(reg)
+    _from_plugin_modules(reg, plugin_modules())
+    return reg
+
+
+def refresh() -> Registry:
+    """Forget the built registry and build it again (after installing a plugin, in tests)."""
+    current.cache_clear()
+    return current()
+
+
+def entries(kind: str, *, include_broken: bool = False) -> dict[str, Entry]:
+    """The entries of ``kind`` by name, sorted; broken ones only when asked for."""
+    items = current().entries[kind]
+    return {n: e for n, e in sorted(items.items()) if include_broken or not e.broken}
+
+
+def names(kind: str) -> dict[str, str]:
+    """Registered (working) names of ``kind`` → the first line of their docs."""
+    return {name: entry.doc for name, entry in entries(kind).items()}
 
 
 def is_registered(kind: str, name: str) -> bool:
-    """True when ``name`` is in the registry of ``kind`` (model, dataset, reward_func, tool, environment)."""
-    return name in _KINDS[kind]
+    """True when ``name`` is a working entry of ``kind`` (model, dataset, reward_func, tool,
+    environment, rollout_loop)."""
+    entry = current().entries[kind].get(name)
+    return entry is not None and not entry.broken
 
 
 def cache_root() -> Path:
     """Where built artefacts (the tiny model) are cached: ``$GRPO_CACHE_DIR``, else ``~/.cache/grpo``.
 
     Per user, not per checkout (as Hugging Face's cache is): the tiny model is keyed by the hash of
-    its sources, so every clone with the same sources reuses one build (~3 minutes on 2 cores).
+    its sources, so every clone with the same sources reuses one build.
     """
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo"
     root = Path(os.environ.get("GRPO_CACHE_DIR") or default)
@@ -68,11 +219,10 @@ def cache_root() -> Path:
 
 
 def resolve_model(name: str) -> str:
-    """A model name to what ``from_pretrained`` and vLLM take: ``tiny`` is built once and cached."""
-    if name == "tiny":
-        from trainer.tiny import ensure_tiny
-
-        return str(ensure_tiny(cache_root() / "tiny"))
+    """A model name to what ``from_pretrained`` and vLLM take: a registered model's loader runs (the
+    tiny model is built or copied once and cached); anything else is returned as it is."""
+    if is_registered("model", name):
+        return str(entries("model")[name].load()())
     return name
 
 
@@ -92,7 +242,7 @@ def import_object(path: str) -> Any:
 
 
 def resolve_callable(path: str) -> Callable:
-    """Import a callable by dotted path (reward function, tool, environment factory)."""
+    """Import a callable by dotted path (reward function, tool, environment factory, loop class)."""
     obj = import_object(path)
     if not callable(obj):
         raise ValueError(f"{path!r} is not callable")
@@ -100,21 +250,15 @@ def resolve_callable(path: str) -> Callable:
 
 
 def load_dataset_by_name(name: str):
-    """A registry name, a local ``.jsonl`` file or a ``datasets.save_to_disk`` directory → a Dataset.
+    """A registered dataset, a local ``.jsonl`` file or a ``datasets.save_to_disk`` directory → a Dataset.
 
     Nothing is fetched from a hub (``HF_DATASETS_OFFLINE`` is forced for the local loaders).
     """
     import datasets
 
-    if name in ("arithmetic", "arithmetic-small"):
-        from trainer.tasks.arithmetic import arithmetic_rows
-
-        n = 4000 if name == "arithmetic" else 256
-        return datasets.Dataset.from_list(arithmetic_rows(n, seed=0, split="train"))
-    if name == "arithmetic-unseen":
-        from trainer.tasks.demo import unseen_fact_rows
-
-        return datasets.Dataset.from_list(unseen_fact_rows(4000, seed=0))
+    if is_registered("dataset", name):
+        loaded = entries("dataset")[name].load()()
+        return loaded if isinstance(loaded, datasets.Dataset) else datasets.Dataset.from_list(list(loaded))
     path = Path(name).expanduser()
     if path.suffix in (".jsonl", ".json") and path.is_file():
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -127,6 +271,6 @@ def load_dataset_by_name(name: str):
             loaded = loaded["train"]
         return loaded
     raise ValueError(
-        f"train_dataset {name!r}: not a registered dataset ({', '.join(DATASETS)}), "
+        f"train_dataset {name!r}: not a registered dataset ({', '.join(names('dataset')) or 'none'}), "
         "nor an existing .jsonl file or datasets directory"
     )

@@ -3,7 +3,8 @@
 Top-level keys: ``model`` (hub id, local dir or ``tiny``), ``train_dataset`` (registry name, local
 JSONL or ``datasets`` directory), ``reward_funcs`` (list of dotted import paths), optional ``tools``
 (dotted paths), ``environment_factory`` (dotted path, or a mapping name → dotted path),
-``peft_config`` (LoraConfig keyword arguments), and ``args`` (AsyncGRPOConfig fields by their spec
+``peft_config`` (LoraConfig keyword arguments), ``loop_cls`` (dotted path of an
+:class:`~trainer.rollout.loop.AsyncRolloutLoop` subclass, the spec's ``loop_cls``), and ``args`` (AsyncGRPOConfig fields by their spec
 names). :func:`validate_run_document` checks a document without importing anything it names
 (the control plane calls it on untrusted input); :func:`load_run_document` resolves it for the
 trainer CLI.
@@ -27,6 +28,7 @@ TOP_LEVEL_KEYS = (
     "tools",
     "environment_factory",
     "peft_config",
+    "loop_cls",
     "args",
 )
 REQUIRED_KEYS = ("model",)
@@ -52,6 +54,7 @@ class RunSpec:
     tools: list[str] = field(default_factory=list)
     environment_factory: str | dict[str, str] | None = None
     peft_config: dict[str, Any] | None = None
+    loop_cls: str | None = None
     args: Any = None  # AsyncGRPOConfig
 
 
@@ -122,6 +125,11 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
                     errors[f"environment_factory.{name}"] = f"{_short_repr(path)} is not a dotted import path"
         elif not _is_dotted_path(env):
             errors["environment_factory"] = "must be a dotted import path or a mapping name -> dotted path"
+    loop_cls = doc.get("loop_cls")
+    if loop_cls is not None and not _is_dotted_path(loop_cls):
+        errors["loop_cls"] = (
+            f"{_short_repr(loop_cls)} is not a dotted import path of an AsyncRolloutLoop subclass"
+        )
     peft = doc.get("peft_config")
     if peft is not None:
         if not isinstance(peft, dict):
@@ -167,6 +175,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         tools=list(tools),
         environment_factory=env,
         peft_config=peft,
+        loop_cls=loop_cls,
         args=config,
     )
 

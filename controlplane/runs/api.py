@@ -49,12 +49,21 @@ def _conflict(exc: Exception) -> Response:
 
 class RegistryApi(APIView):
     @extend_schema(
-        summary="Registered models, datasets, reward functions, tools, environments; main defaults",
+        summary="Registered models, datasets, reward functions, tools, environments, rollout loops: each with its origin, docs (rewards: the columns read), broken ones with their error; main defaults",
         responses=inline_serializer(
             "Registry",
             {
                 k: serializers.DictField()
-                for k in ("models", "datasets", "reward_funcs", "tools", "environments", "main_args")
+                for k in (
+                    "models",
+                    "datasets",
+                    "reward_funcs",
+                    "tools",
+                    "environments",
+                    "rollout_loops",
+                    "plugin_errors",
+                    "main_args",
+                )
             },
         ),
     )

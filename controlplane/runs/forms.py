@@ -56,6 +56,17 @@ def document_errors(*, document: dict) -> dict[str, str]:
     return errors
 
 
+def _registry_choices(kind: str) -> list[tuple[str, str]]:
+    """``(name, label)`` of every working entry of ``kind``; the label has the first docstring line,
+    the origin and, for rewards, the dataset columns read."""
+    choices = []
+    for name, entry in registry.entries(kind).items():
+        reads = f"; reads {', '.join(entry.columns)}" if entry.columns else ""
+        doc = f" - {entry.doc}" if entry.doc else ""
+        choices.append((name, f"{name}{doc} ({entry.package} {entry.version}{reads})"))
+    return choices
+
+
 def _main_arg_fields() -> dict[str, tuple[forms.Field, Any]]:
     from trainer.config import AsyncGRPOConfig
 
@@ -68,13 +79,12 @@ class RunForm(forms.Form):
     """Start a run. ``document()`` is the RUN.yaml document once ``is_valid()``."""
 
     name = forms.CharField(max_length=200, required=False, help_text="defaults to 'MODEL on DATASET'")
-    model = forms.ChoiceField(choices=[(k, f"{k} - {v}") for k, v in registry.MODELS.items()])
-    train_dataset = forms.ChoiceField(
-        label="dataset", choices=[(k, f"{k} - {v}") for k, v in registry.DATASETS.items()]
-    )
+    # Choices are filled per form from the registry (plugins installed later show up).
+    model = forms.ChoiceField(choices=())
+    train_dataset = forms.ChoiceField(label="dataset", choices=())
     reward_funcs = forms.MultipleChoiceField(
         label="reward functions",
-        choices=[(k, f"{k} - {v}") for k, v in registry.REWARD_FUNCS.items()],
+        choices=(),
         widget=forms.CheckboxSelectMultiple,
         initial=["trainer.rewards.accuracy_reward"],
     )
@@ -86,6 +96,8 @@ class RunForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for name, kind in (("model", "model"), ("train_dataset", "dataset"), ("reward_funcs", "reward_func")):
+            self.fields[name].choices = _registry_choices(kind)
         self._defaults: dict[str, Any] = {}
         for name, (field, default) in _main_arg_fields().items():
             self.fields[name] = field

@@ -75,7 +75,9 @@ def form_presets() -> dict[str, Any]:
     """What the form page embeds for its script: each registered model's prefilled values and the
     generic preset's (used for any model without its own)."""
     return {
-        "presets": {model: form_args_split(args=run_preset(model=model)) for model in registry.MODELS},
+        "presets": {
+            model: form_args_split(args=run_preset(model=model)) for model in registry.names("model")
+        },
         "generic": form_args_split(args=_generic_args()),
     }
 

@@ -189,16 +189,27 @@ def run_checkpoint_get(*, run_id: int, step: int) -> Checkpoint | None:
     return Checkpoint.objects.filter(run_id=run_id, step=step).first()
 
 
+REGISTRY_KEYS = {
+    "model": "models",
+    "dataset": "datasets",
+    "reward_func": "reward_funcs",
+    "tool": "tools",
+    "environment": "environments",
+    "rollout_loop": "rollout_loops",
+}
+
+
 def registry_get() -> dict[str, Any]:
-    """What the form and ``GET /api/v1/registry/`` offer: registered names and the main defaults."""
-    return {
-        "models": dict(registry.MODELS),
-        "datasets": dict(registry.DATASETS),
-        "reward_funcs": dict(registry.REWARD_FUNCS),
-        "tools": dict(registry.TOOLS),
-        "environments": dict(registry.ENVIRONMENTS),
-        "main_args": main_arg_defaults(),
+    """What the form and ``GET /api/v1/registry/`` offer: every name of every kind with its origin,
+    target, first docstring line (rewards: the dataset columns they read), broken ones with their
+    error; plugin modules that could not register; the main hyper-parameters' defaults."""
+    out: dict[str, Any] = {
+        key: {name: entry.as_dict() for name, entry in registry.entries(kind, include_broken=True).items()}
+        for kind, key in REGISTRY_KEYS.items()
     }
+    out["plugin_errors"] = dict(registry.current().module_errors)
+    out["main_args"] = main_arg_defaults()
+    return out
 
 
 def main_arg_defaults() -> dict[str, Any]:

@@ -164,18 +164,21 @@ def _control_plane_errors(doc: dict) -> dict[str, str]:
         if message:
             errors["train_dataset"] = message
     errors.update(
-        _names_errors(doc.get("reward_funcs"), "reward_funcs", "reward_func", registry.REWARD_FUNCS)
+        _names_errors(doc.get("reward_funcs"), "reward_funcs", "reward_func", registry.names("reward_func"))
     )
-    errors.update(_names_errors(doc.get("tools"), "tools", "tool", registry.TOOLS))
+    errors.update(_names_errors(doc.get("tools"), "tools", "tool", registry.names("tool")))
     env = doc.get("environment_factory")
     if isinstance(env, str) and not registry.is_registered("environment", env):
-        errors["environment_factory"] = _unregistered("environment", env, registry.ENVIRONMENTS)
+        errors["environment_factory"] = _unregistered("environment", env, registry.names("environment"))
     elif isinstance(env, dict):
         for name, path in env.items():
             if isinstance(path, str) and not registry.is_registered("environment", path):
                 errors[f"environment_factory.{name}"] = _unregistered(
-                    "environment", path, registry.ENVIRONMENTS
+                    "environment", path, registry.names("environment")
                 )
+    loop_cls = doc.get("loop_cls")
+    if isinstance(loop_cls, str) and not registry.is_registered("rollout_loop", loop_cls):
+        errors["loop_cls"] = _unregistered("rollout_loop", loop_cls, registry.names("rollout_loop"))
     args = doc.get("args")
     if isinstance(args, dict):
         errors.update(_args_errors(args))
@@ -195,12 +198,15 @@ def _names_errors(value: Any, field: str, kind: str, known: dict[str, str]) -> d
 
 def _unregistered(kind: str, name: str, known: dict[str, str]) -> str:
     choices = ", ".join(known) or "none registered"
-    return f"{name!r} is not a registered {kind.replace('_', ' ')} (choose from: {choices})"
+    return (
+        f"{name!r} is not a registered {kind.replace('_', ' ')} (choose from: {choices}); an operator "
+        f"registers more with a '{registry.ENTRY_POINT_GROUPS[kind]}' entry point or {registry.PLUGIN_MODULES_ENV}"
+    )
 
 
 def _local_path_error(value: str, roots: list[str], setting: str, what: str) -> str | None:
     """None when ``value`` names an existing path inside one of ``roots``; else the reason why not."""
-    registered = ", ".join(registry.MODELS if what == "model" else registry.DATASETS)
+    registered = ", ".join(registry.names("model" if what == "model" else "dataset"))
     if not roots:
         return f"{value!r} is not a registered {what} ({registered}); local paths need {setting}"
     if "\x00" in value:
