@@ -170,6 +170,8 @@ GRPO_STOP_GRACE_S = float(os.environ.get("GRPO_STOP_GRACE_S", "10"))
 # Local model directories / dataset files a web or API document may name (besides registry names).
 GRPO_ALLOWED_MODEL_ROOTS = env_list("GRPO_ALLOWED_MODEL_ROOTS")
 GRPO_ALLOWED_DATASET_ROOTS = env_list("GRPO_ALLOWED_DATASET_ROOTS")
+# attn_implementation values a web document may use besides eager / sdpa / flex_attention.
+GRPO_ALLOWED_ATTN_IMPLEMENTATIONS = env_list("GRPO_ALLOWED_ATTN_IMPLEMENTATIONS")
 GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 

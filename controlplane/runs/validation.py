@@ -42,6 +42,13 @@ MUST_BE_FALSY_ARGS = ("trust_remote_code", "push_to_hub", "hub_token", "hub_mode
 MAPPING_ONLY_ARGS = ("fsdp_config", "accelerator_config")
 MODEL_INIT_KWARGS_ALLOWED = ("attn_implementation", "dtype", "torch_dtype", "low_cpu_mem_usage", "use_cache")
 REPORT_TO_ALLOWED = ("none",)
+# Attention implementations that load nothing: transformers also takes a hub kernel repo
+# ("org/repo@rev:fn"), which makes the worker fetch and import code through `kernels`. Operators
+# add installed ones (e.g. flash_attention_2) with GRPO_ALLOWED_ATTN_IMPLEMENTATIONS.
+LOCAL_ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+# torch.compile backends that ship with torch (a name outside them is looked up among installed
+# entry points; refused from the web rather than resolved).
+COMPILE_BACKENDS_ALLOWED = ("inductor", "aot_eager", "eager")
 
 
 def run_document_validate(*, document: Any) -> dict:
@@ -253,6 +260,19 @@ def _args_errors(args: dict) -> dict[str, str]:
                 errors[f"args.model_init_kwargs.{key}"] = (
                     f"not allowed from the web; allowed: {', '.join(MODEL_INIT_KWARGS_ALLOWED)}"
                 )
+        attn = kwargs.get("attn_implementation")
+        allowed_attn = (*LOCAL_ATTN_IMPLEMENTATIONS, *settings.GRPO_ALLOWED_ATTN_IMPLEMENTATIONS)
+        if attn is not None and attn not in allowed_attn:
+            errors["args.model_init_kwargs.attn_implementation"] = (
+                f"{str(attn)[:80]!r} is not allowed from the web (hub kernels are fetched and imported); "
+                f"allowed: {', '.join(allowed_attn)}; an operator adds installed ones with "
+                "GRPO_ALLOWED_ATTN_IMPLEMENTATIONS"
+            )
+    backend = args.get("torch_compile_backend")
+    if backend is not None and backend not in COMPILE_BACKENDS_ALLOWED:
+        errors["args.torch_compile_backend"] = (
+            f"not allowed from the web; one of {', '.join(COMPILE_BACKENDS_ALLOWED)} (or leave it unset)"
+        )
     report_to = args.get("report_to")
     if report_to is not None:
         values = [report_to] if isinstance(report_to, str) else report_to
