@@ -210,3 +210,40 @@ def test_web_accepts_only_registered_rollout_loops():
     )
     assert refused.status_code == 400
     assert "grpo.rollout_loops" in str(refused.json()["config"]["loop_cls"]), refused.json()
+
+
+@pytest.mark.django_db
+def test_a_reward_whose_columns_the_dataset_lacks_is_refused_naming_both(acme_installed, client):
+    api = api_for("mismatch")
+    doc = {"model": "tiny", "train_dataset": "acme-sums", "reward_funcs": ["trainer.rewards.accuracy_reward"]}
+    response = api.post("/api/v1/runs/", {"config": {**doc, "args": {"max_steps": 2}}}, format="json")
+    assert response.status_code == 400, response.content
+    message = response.json()["config"]["reward_funcs[0]"]
+    assert "'trainer.rewards.accuracy_reward' reads column(s) solution" in message, message
+    assert "'acme-sums'" in message and "prompt, answer" in message, message
+    ok = {**doc, "reward_funcs": [EXACT], "args": {"max_steps": 2}}
+    assert api.post("/api/v1/runs/", {"config": ok}, format="json").status_code == 201
+
+    from django.contrib.auth import get_user_model
+
+    client.force_login(get_user_model().objects.get(username="mismatch"))
+    page = client.post(
+        "/runs/new/",
+        {"model": "tiny", "train_dataset": "acme-sums", "reward_funcs": ["trainer.rewards.accuracy_reward"]},
+    )
+    assert page.status_code == 400
+    body = page.content.decode()
+    field = body[body.index('id="field-reward_funcs"') :]
+    field = field[: field.index('<div class="field"', 10)]
+    assert "reads column(s) solution" in field, field
+
+
+@pytest.mark.django_db
+def test_dataset_preview_gives_columns_and_three_rows():
+    api = api_for("previewer")
+    body = api.get("/api/v1/registry/datasets/arithmetic-small/").json()
+    assert body["columns"] == ["prompt", "solution", "level"]
+    assert body["num_rows"] == 256 and len(body["rows"]) == 3
+    assert body["rows"][0]["prompt"][0]["role"] == "user"
+    assert api.get("/api/v1/registry/datasets/not-registered/").status_code == 404
+    assert APIClient().get("/api/v1/registry/datasets/arithmetic-small/").status_code in (401, 403)

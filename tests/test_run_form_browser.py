@@ -151,3 +151,27 @@ def test_stop_asks_first_and_cancel_sends_nothing(queued_run, page, web_server):
     assert len(dialogs) == 2 and posts == [f"{web_server}/api/v1/runs/{run_id}/stop/"]
     assert db_read(lambda: Run.objects.get(pk=run_id).status) == RunStatus.STOPPED
     assert not page.errors, page.errors
+
+
+def test_choosing_a_dataset_previews_its_columns_and_rows(web_server, viewer):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page()
+        try:
+            page.goto(web_server + "/runs/login/?next=/runs/new/")
+            page.fill("input[name=username]", "viewer")
+            page.fill("input[name=password]", PASSWORD)
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url("**/runs/new/")
+            page.select_option("select[name=train_dataset]", "arithmetic-small")
+            page.wait_for_function(
+                "document.getElementById('dataset-preview').dataset.columns === 'prompt,solution,level'"
+            )
+            assert page.locator("#dataset-preview table tr").count() == 4  # header + 3 rows
+            assert "256 rows" in page.text_content("#dataset-preview")
+            label = page.text_content("label:has(input[value='trainer.rewards.accuracy_reward'])")
+            assert "reads solution" in label and "grpo-controlplane" in label, label
+        finally:
+            browser.close()

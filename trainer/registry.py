@@ -60,6 +60,7 @@ class Entry:
     version: str
     doc: str = ""
     columns: tuple[str, ...] = ()  # reward functions: the dataset columns they read
+    required: tuple[str, ...] = ()  # ... of which these have no default (a dataset must have them)
     error: str = ""  # why it could not be imported (broken)
 
     @property
@@ -78,6 +79,7 @@ class Entry:
         }
         if self.kind == "reward_func":
             out["columns"] = list(self.columns)
+            out["required_columns"] = list(self.required)
         if self.broken:
             out["broken"] = True
             out["error"] = self.error
@@ -110,9 +112,10 @@ def _first_doc_line(obj: Any) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
-def reward_columns(func: Callable) -> tuple[str, ...]:
+def reward_columns(func: Callable, *, required_only: bool = False) -> tuple[str, ...]:
     """The dataset columns a reward function reads: its named parameters beyond the spec's own
-    (``prompts``, ``completions``, ``completion_ids``, ...); ``**kwargs`` reads none by name."""
+    (``prompts``, ``completions``, ``completion_ids``, ...); ``**kwargs`` reads none by name.
+    ``required_only``: those without a default (a dataset without them cannot feed the function)."""
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
@@ -120,7 +123,9 @@ def reward_columns(func: Callable) -> tuple[str, ...]:
     return tuple(
         p.name
         for p in params
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _REWARD_NON_COLUMNS
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in _REWARD_NON_COLUMNS
+        and not (required_only and p.default is not p.empty)
     )
 
 
@@ -137,10 +142,13 @@ def _entry(kind: str, name: str | None, target: str, package: str, version: str)
         obj = _load_target(target)
     except Exception as exc:  # a plugin's import error is data here, not a crash
         return Entry(kind, name, target, package, version, error=f"{type(exc).__name__}: {exc}")
-    columns = reward_columns(obj) if kind == "reward_func" and callable(obj) else ()
     if not callable(obj):
         return Entry(kind, name, target, package, version, error=f"{dotted} is not callable")
-    return Entry(kind, name, target, package, version, doc=_first_doc_line(obj), columns=columns)
+    columns = required = ()
+    if kind == "reward_func":
+        columns, required = reward_columns(obj), reward_columns(obj, required_only=True)
+    doc = _first_doc_line(obj)
+    return Entry(kind, name, target, package, version, doc=doc, columns=columns, required=required)
 
 
 def _from_entry_points(reg: Registry) -> None:

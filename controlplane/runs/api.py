@@ -31,6 +31,7 @@ from controlplane.runs.serializers import (
     RunOutputSerializer,
     run_created_payload,
 )
+from trainer import registry
 from trainer.run_config import RunConfigError
 
 ConflictSerializer = inline_serializer("Conflict", {"detail": serializers.CharField()})
@@ -69,6 +70,29 @@ class RegistryApi(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(selectors.registry_get())
+
+
+class RegistryDatasetApi(APIView):
+    @extend_schema(
+        summary="A registered dataset's columns, row count and first rows (what the form previews)",
+        responses=inline_serializer(
+            "DatasetSummary",
+            {
+                "columns": serializers.ListField(child=serializers.CharField()),
+                "rows": serializers.ListField(child=serializers.DictField()),
+                "num_rows": serializers.IntegerField(),
+            },
+        ),
+    )
+    def get(self, request: Request, name: str) -> Response:
+        if not registry.is_registered("dataset", name):
+            return Response(
+                {"detail": f"{name!r} is not a registered dataset"}, status=status.HTTP_404_NOT_FOUND
+            )
+        try:
+            return Response(selectors.dataset_summary(name=name))
+        except ValueError as exc:
+            return Response({"detail": f"{name!r} {exc}"}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
 
 
 class RunListCreateApi(APIView):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
@@ -218,3 +220,43 @@ def main_arg_defaults() -> dict[str, Any]:
 
     fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
     return {name: fields[name].default for name in MAIN_ARGS}
+
+
+PREVIEW_ROWS = 3
+PREVIEW_TEXT_CHARS = 300
+
+
+def dataset_summary(*, name: str) -> dict[str, Any]:
+    """``{"columns": [...], "rows": [first PREVIEW_ROWS rows], "num_rows": N}`` of a registered dataset
+    or an allowed local path (the caller validated it). Loaded once per process for registered names
+    and per modification time for files. Raises ``ValueError`` when it cannot be loaded."""
+    path = Path(name)
+    stamp = path.stat().st_mtime_ns if path.is_absolute() and path.exists() else None
+    return _dataset_summary(name, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset_summary(name: str, stamp: int | None) -> dict[str, Any]:
+    try:
+        dataset = registry.load_dataset_by_name(name)
+    except Exception as exc:  # a loader's failure is the dataset's, reported in words
+        raise ValueError(f"could not be loaded: {type(exc).__name__}: {exc}") from exc
+    rows = [dataset[i] for i in range(min(PREVIEW_ROWS, len(dataset)))]
+    return {
+        "columns": list(dataset.column_names),
+        "rows": [_preview_value(row) for row in rows],
+        "num_rows": len(dataset),
+    }
+
+
+def _preview_value(value: Any) -> Any:
+    """JSON-safe, with long strings cut (a preview, not the data)."""
+    if isinstance(value, str):
+        return value if len(value) <= PREVIEW_TEXT_CHARS else value[:PREVIEW_TEXT_CHARS] + "…"
+    if isinstance(value, dict):
+        return {str(k): _preview_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_preview_value(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)

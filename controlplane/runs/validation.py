@@ -183,12 +183,43 @@ def _control_plane_errors(doc: dict) -> dict[str, str]:
                 errors[f"environment_factory.{name}"] = _unregistered(
                     "environment", path, registry.names("environment")
                 )
+    if not errors:
+        errors.update(_column_errors(doc))
     loop_cls = doc.get("loop_cls")
     if isinstance(loop_cls, str) and not registry.is_registered("rollout_loop", loop_cls):
         errors["loop_cls"] = _unregistered("rollout_loop", loop_cls, registry.names("rollout_loop"))
     args = doc.get("args")
     if isinstance(args, dict):
         errors.update(_args_errors(args))
+    return errors
+
+
+def _column_errors(doc: dict) -> dict[str, str]:
+    """Each reward function whose required columns (parameters without a default) the dataset lacks,
+    naming both; or the dataset itself when it cannot be loaded. Only registered names get here."""
+    from controlplane.runs.selectors import dataset_summary  # selectors -> services -> validation
+
+    dataset = doc.get("train_dataset")
+    rewards = doc.get("reward_funcs")
+    rewards = [rewards] if isinstance(rewards, str) else rewards
+    if not isinstance(dataset, str) or not dataset or not isinstance(rewards, list):
+        return {}
+    entries = registry.entries("reward_func")
+    needed = {i: entries[n].required for i, n in enumerate(rewards) if isinstance(n, str) and n in entries}
+    if not any(needed.values()):
+        return {}
+    try:
+        columns = dataset_summary(name=dataset)["columns"]
+    except ValueError as exc:
+        return {"train_dataset": f"{dataset!r} {exc}"}
+    errors = {}
+    for i, required in needed.items():
+        missing = [c for c in required if c not in columns]
+        if missing:
+            errors[f"reward_funcs[{i}]"] = (
+                f"{rewards[i]!r} reads column(s) {', '.join(missing)}, which dataset {dataset!r} does not "
+                f"have (its columns: {', '.join(columns)}); choose another dataset or reward function"
+            )
     return errors
 
 

@@ -50,4 +50,48 @@
       if (input && input.dataset.edited !== "true") put(input, preset[name]);
     }
   });
+
+  // The chosen dataset's columns and first rows (GET /api/v1/registry/datasets/<name>/), so a
+  // reward's "reads ..." can be checked against them before submitting.
+  const dataset = form.elements.train_dataset;
+  const preview = document.getElementById("dataset-preview");
+
+  function cell(value) {
+    const td = document.createElement("td");
+    td.textContent = typeof value === "string" ? value : JSON.stringify(value);
+    return td;
+  }
+
+  async function showPreview() {
+    if (!dataset || !preview) return;
+    const name = dataset.value;
+    preview.textContent = "loading a preview…";
+    try {
+      const resp = await fetch(preview.dataset.api + encodeURIComponent(name) + "/", { credentials: "same-origin" });
+      const body = await resp.json();
+      if (dataset.value !== name) return; // another choice since
+      if (!resp.ok) { preview.textContent = body.detail || `no preview (HTTP ${resp.status})`; return; }
+      const table = document.createElement("table");
+      table.className = "runs preview";
+      const head = document.createElement("tr");
+      for (const column of body.columns) { const th = document.createElement("th"); th.textContent = column; head.append(th); }
+      table.append(head);
+      for (const row of body.rows) {
+        const tr = document.createElement("tr");
+        for (const column of body.columns) tr.append(cell(row[column]));
+        table.append(tr);
+      }
+      const caption = document.createElement("div");
+      caption.textContent = `columns: ${body.columns.join(", ")} · ${body.num_rows} rows · first ${body.rows.length}:`;
+      preview.replaceChildren(caption, table);
+      preview.dataset.columns = body.columns.join(",");
+    } catch (err) {
+      preview.textContent = `no preview (${err})`;
+    }
+  }
+
+  if (dataset) {
+    dataset.addEventListener("change", showPreview);
+    showPreview();
+  }
 })();
