@@ -126,7 +126,7 @@ def roots(settings, tmp_path):
     for d in (models / "m", datasets, outside / "secret"):
         d.mkdir(parents=True)
     (models / "m" / "config.json").write_text("{}")
-    (datasets / "d.jsonl").write_text('{"prompt": "1+1", "solution": "2"}\n')  # accuracy_reward reads solution
+    (datasets / "d.jsonl").write_text('{"prompt": "1+1", "solution": "2"}\n')
     (outside / "secret.jsonl").write_text('{"prompt": "secret"}\n')
     (models / "escape").symlink_to(outside / "secret")
     (datasets / "escape.jsonl").symlink_to(outside / "secret.jsonl")
