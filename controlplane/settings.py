@@ -170,6 +170,10 @@ GRPO_STOP_GRACE_S = float(os.environ.get("GRPO_STOP_GRACE_S", "10"))
 # Local model directories / dataset files a web or API document may name (besides registry names).
 GRPO_ALLOWED_MODEL_ROOTS = env_list("GRPO_ALLOWED_MODEL_ROOTS")
 GRPO_ALLOWED_DATASET_ROOTS = env_list("GRPO_ALLOWED_DATASET_ROOTS")
+# Hub repo ids a web document may name (glob patterns, e.g. "Qwen/*,meta-llama/Llama-3.2-*"); empty
+# means none. The worker downloads with its own HF_TOKEN; HF_HUB_OFFLINE=1 keeps it to its cache.
+GRPO_ALLOWED_HUB_MODELS = env_list("GRPO_ALLOWED_HUB_MODELS")
+GRPO_ALLOWED_HUB_DATASETS = env_list("GRPO_ALLOWED_HUB_DATASETS")
 # attn_implementation values a web document may use besides eager / sdpa / flex_attention.
 GRPO_ALLOWED_ATTN_IMPLEMENTATIONS = env_list("GRPO_ALLOWED_ATTN_IMPLEMENTATIONS")
 GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"))

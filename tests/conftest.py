@@ -110,12 +110,14 @@ def subprocess_database_url() -> str:
     )
 
 
-def start_celery_worker(queue: str, log_path: Path, *, concurrency: int = 2):
-    """A real Celery worker subprocess on the test database, consuming ``queue``; returns once it is
-    ready (a ``ManagedProcess``; the caller stops it)."""
+def start_celery_worker(
+    queue: str, log_path: Path, *, concurrency: int = 2, env: dict[str, str] | None = None
+):
+    """A real Celery worker subprocess on the test database, consuming ``queue`` (``env`` added to
+    this process's environment); returns once it is ready (a ``ManagedProcess``; the caller stops it)."""
     from worker.processes import ManagedProcess, wait_for
 
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_TEST_QUEUE": queue}
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_TEST_QUEUE": queue, **(env or {})}
     argv = [PYTHON, "-m", "celery", "-A", "worker", "worker", "-Q", queue, "-c", str(concurrency)]
     argv += ["--loglevel", "INFO", "-n", f"{queue}@%h"]
     proc = ManagedProcess("celery", argv, env=env, cwd=REPO, log_path=log_path).start()

@@ -10,16 +10,32 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
 
 
+def _log(line: str) -> None:
+    logging.getLogger("trainer.hub").info("%s", line)
+
+
 def build_trainer(spec: RunSpec, trainer_cls=None):
     """An :class:`~trainer.trainer.AsyncGRPOTrainer` for a validated run document."""
-    from trainer.registry import load_dataset_by_name, resolve_callable, resolve_model
+    from trainer.hub import is_hub_id, resolve_snapshot
+    from trainer.registry import is_registered, load_dataset_by_name, resolve_callable, resolve_model
     from trainer.trainer import AsyncGRPOTrainer
 
     trainer_cls = trainer_cls or AsyncGRPOTrainer
+    model, dataset_name = spec.model, spec.train_dataset
+    # Hub ids are resolved to local snapshots here (the control plane's worker has done it already:
+    # its launch document names the snapshot directories).
+    if is_hub_id(model) and not is_registered("model", model) and not Path(model).exists():
+        model = str(resolve_snapshot(model, revision=spec.model_revision, progress=_log).path)
+    if dataset_name and is_hub_id(dataset_name) and not is_registered("dataset", dataset_name):
+        snapshot = resolve_snapshot(
+            dataset_name, repo_type="dataset", revision=spec.dataset_revision, progress=_log
+        )
+        dataset_name = str(snapshot.path)
     if spec.loop_cls:
         from trainer.rollout.loop import AsyncRolloutLoop
 
@@ -30,7 +46,11 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
         trainer_cls = type(
             f"{trainer_cls.__name__}With{loop_cls.__name__}", (trainer_cls,), {"loop_cls": loop_cls}
         )
-    dataset = load_dataset_by_name(spec.train_dataset) if spec.train_dataset else None
+    dataset = None
+    if dataset_name:
+        dataset = load_dataset_by_name(
+            dataset_name, config=spec.dataset_config, split=spec.dataset_split, columns=spec.dataset_columns
+        )
     env = spec.environment_factory
     if isinstance(env, dict):
         env = {name: resolve_callable(path) for name, path in env.items()}
@@ -42,7 +62,7 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
 
         peft_config = LoraConfig(task_type="CAUSAL_LM", **spec.peft_config)
     return trainer_cls(
-        model=resolve_model(spec.model),
+        model=resolve_model(model),
         reward_funcs=[resolve_callable(p) for p in spec.reward_funcs] or None,
         args=spec.args,
         train_dataset=dataset,

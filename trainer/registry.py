@@ -257,11 +257,35 @@ def resolve_callable(path: str) -> Callable:
     return obj
 
 
-def load_dataset_by_name(name: str):
-    """A registered dataset, a local ``.jsonl`` file or a ``datasets.save_to_disk`` directory → a Dataset.
+def load_dataset_by_name(
+    name: str, *, config: str | None = None, split: str = "train", columns: dict[str, str] | None = None
+):
+    """A registered dataset, a local ``.jsonl`` file, a ``datasets.save_to_disk`` directory or a
+    directory in the hub's layout (a resolved snapshot: data files plus an optional README config)
+    → a Dataset; ``columns`` renames the dataset's columns to those the run reads. A ``prompt`` of
+    plain text becomes one user message (the trainer renders conversations).
 
-    Nothing is fetched from a hub (``HF_DATASETS_OFFLINE`` is forced for the local loaders).
+    Nothing is fetched from a hub here (hub ids are resolved to a snapshot first: :mod:`trainer.hub`).
     """
+    import datasets
+
+    dataset = _load_dataset(name, config=config, split=split)
+    if columns:
+        missing = [c for c in columns if c not in dataset.column_names]
+        if missing:
+            raise ValueError(
+                f"dataset_columns: {', '.join(missing)} not among {name!r}'s columns ({', '.join(dataset.column_names)})"
+            )
+        dataset = dataset.rename_columns(columns)
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(f"train_dataset {name!r} did not load as one split (got {type(dataset).__name__})")
+    if "prompt" in dataset.column_names and len(dataset) and isinstance(dataset[0]["prompt"], str):
+        # A plain-text prompt (most hub datasets' question column) is one user message.
+        dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    return dataset
+
+
+def _load_dataset(name: str, *, config: str | None, split: str):
     import datasets
 
     if is_registered("dataset", name):
@@ -271,13 +295,16 @@ def load_dataset_by_name(name: str):
     if path.suffix in (".jsonl", ".json") and path.is_file():
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         return datasets.load_dataset("json", data_files=str(path), split="train")
-    if path.is_dir():
+    if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
-            if "train" not in loaded:
-                raise ValueError(f"train_dataset {name!r}: DatasetDict without a 'train' split")
-            loaded = loaded["train"]
+            if split not in loaded:
+                raise ValueError(f"train_dataset {name!r}: no split {split!r} (has {', '.join(loaded)})")
+            loaded = loaded[split]
         return loaded
+    if path.is_dir():  # the hub's layout (a resolved snapshot)
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        return datasets.load_dataset(str(path), name=config, split=split)
     raise ValueError(
         f"train_dataset {name!r}: not a registered dataset ({', '.join(names('dataset')) or 'none'}), "
         "nor an existing .jsonl file or datasets directory"

@@ -3,7 +3,9 @@
 Top-level keys: ``model`` (hub id, local dir or ``tiny``), ``train_dataset`` (registry name, local
 JSONL or ``datasets`` directory), ``reward_funcs`` (list of dotted import paths), optional ``tools``
 (dotted paths), ``environment_factory`` (dotted path, or a mapping name → dotted path),
-``peft_config`` (LoraConfig keyword arguments), ``loop_cls`` (dotted path of an
+``peft_config`` (LoraConfig keyword arguments), hub options (``model_revision``;
+``dataset_revision``, ``dataset_config``, ``dataset_split`` (default ``train``) and ``dataset_columns``,
+a map from the dataset's column names to the ones the run reads, e.g. ``{question: prompt}``), ``loop_cls`` (dotted path of an
 :class:`~trainer.rollout.loop.AsyncRolloutLoop` subclass, the spec's ``loop_cls``), and ``args`` (AsyncGRPOConfig fields by their spec
 names). :func:`validate_run_document` checks a document without importing anything it names
 (the control plane calls it on untrusted input); :func:`load_run_document` resolves it for the
@@ -29,6 +31,11 @@ TOP_LEVEL_KEYS = (
     "environment_factory",
     "peft_config",
     "loop_cls",
+    "model_revision",
+    "dataset_revision",
+    "dataset_config",
+    "dataset_split",
+    "dataset_columns",
     "args",
 )
 REQUIRED_KEYS = ("model",)
@@ -55,6 +62,11 @@ class RunSpec:
     environment_factory: str | dict[str, str] | None = None
     peft_config: dict[str, Any] | None = None
     loop_cls: str | None = None
+    model_revision: str | None = None
+    dataset_revision: str | None = None
+    dataset_config: str | None = None
+    dataset_split: str = "train"
+    dataset_columns: dict[str, str] = field(default_factory=dict)
     args: Any = None  # AsyncGRPOConfig
 
 
@@ -125,6 +137,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
                     errors[f"environment_factory.{name}"] = f"{_short_repr(path)} is not a dotted import path"
         elif not _is_dotted_path(env):
             errors["environment_factory"] = "must be a dotted import path or a mapping name -> dotted path"
+    errors.update(_hub_option_errors(doc))
     loop_cls = doc.get("loop_cls")
     if loop_cls is not None and not _is_dotted_path(loop_cls):
         errors["loop_cls"] = (
@@ -176,8 +189,39 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         environment_factory=env,
         peft_config=peft,
         loop_cls=loop_cls,
+        model_revision=doc.get("model_revision"),
+        dataset_revision=doc.get("dataset_revision"),
+        dataset_config=doc.get("dataset_config"),
+        dataset_split=doc.get("dataset_split") or "train",
+        dataset_columns=dict(doc.get("dataset_columns") or {}),
         args=config,
     )
+
+
+def _hub_option_errors(doc: dict) -> dict[str, str]:
+    """Types and shapes of the hub options (whether a hub id is allowed is the control plane's call)."""
+    from trainer.hub import valid_revision
+
+    errors: dict[str, str] = {}
+    for key in ("model_revision", "dataset_revision"):
+        value = doc.get(key)
+        if value is not None and not valid_revision(value):
+            errors[key] = f"{_short_repr(value)} is not a branch, tag or commit hash"
+    for key in ("dataset_config", "dataset_split"):
+        value = doc.get(key)
+        if value is not None and not (isinstance(value, str) and 0 < len(value) <= 200 and ".." not in value):
+            errors[key] = "must be a short string (a dataset config name or split such as 'train')"
+    columns = doc.get("dataset_columns")
+    if columns is not None:
+        if not isinstance(columns, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v.isidentifier() for k, v in columns.items()
+        ):
+            errors["dataset_columns"] = (
+                "must map the dataset's column names to names the run reads, e.g. {question: prompt}"
+            )
+        elif len(set(columns.values())) != len(columns):
+            errors["dataset_columns"] = "two columns are mapped to the same name"
+    return errors
 
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

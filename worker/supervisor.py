@@ -138,13 +138,13 @@ class RunSupervisor:
         services.run_event_create(
             run_id=self.run_id, kind=RunEventKind.INFO, message=_model_plan(config["model"])
         )
-        model_dir = self._blocking(lambda: _resolve_model(config["model"]), what="resolving the model")
+        model_dir, dataset = self._resolve_sources(config)
         services.run_event_create(
             run_id=self.run_id,
             kind=RunEventKind.INFO,
             message=f"model ready after {time.monotonic() - started:.0f} s: {model_dir}",
         )
-        config_path = self._write_launch_document(model_dir)
+        config_path = self._write_launch_document(model_dir, dataset)
         self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
@@ -159,9 +159,47 @@ class RunSupervisor:
         self._watch()
 
     # ------------------------------------------------------------------------------- processes
-    def _write_launch_document(self, model_dir: str) -> Path:
+    def _resolve_sources(self, config: dict) -> tuple[str, Any]:
+        """The model directory and dataset the launch document names: registered names prepared,
+        hub ids resolved to local snapshots (downloads reported as events, commits recorded)."""
+        from trainer.hub import is_hub_id, resolve_snapshot
+        from trainer.registry import is_registered
+
+        def report(line: str) -> None:
+            services.run_event_create(run_id=self.run_id, kind=RunEventKind.INFO, message=line)
+
+        sources: dict[str, dict] = {}
+        model = config["model"]
+        if is_hub_id(model) and not is_registered("model", model):
+            revision = config.get("model_revision")
+            snapshot = self._blocking(
+                lambda: resolve_snapshot(model, revision=revision, progress=report),
+                what=f"hub model {model!r}",
+            )
+            sources["model"], model_dir = snapshot.as_dict(), str(snapshot.path)
+        else:
+            model_dir = self._blocking(lambda: _resolve_model(model), what="resolving the model")
+        dataset = config.get("train_dataset")
+        if isinstance(dataset, str) and is_hub_id(dataset) and not is_registered("dataset", dataset):
+            revision = config.get("dataset_revision")
+            snapshot = self._blocking(
+                lambda: resolve_snapshot(dataset, repo_type="dataset", revision=revision, progress=report),
+                what=f"hub dataset {dataset!r}",
+            )
+            sources["dataset"], dataset = snapshot.as_dict(), str(snapshot.path)
+        if sources:
+            services.run_sources_record(run_id=self.run_id, sources=sources)
+        return model_dir, dataset
+
+    def _write_launch_document(self, model_dir: str, dataset: Any) -> Path:
+        """The document the trainer runs: the run's config with local directories for hub ids (the
+        revisions are resolved, so they are dropped) and the control plane's own args."""
         doc = copy.deepcopy(self.run_obj.config)
         doc["model"] = model_dir
+        if dataset is not None:
+            doc["train_dataset"] = dataset
+        doc.pop("model_revision", None)
+        doc.pop("dataset_revision", None)
         args = doc.setdefault("args", {})
         args["output_dir"] = str(self.out)
         args["vllm_server_base_url"] = self.base_url
@@ -298,6 +336,10 @@ class RunSupervisor:
                 result["value"] = fn()
             except BaseException as exc:  # re-raised in the supervisor's thread
                 result["error"] = exc
+            finally:
+                from django.db import connection
+
+                connection.close()  # this thread's own, if it reported events
 
         thread = threading.Thread(target=target, name=f"run-{self.run_id}-{what}", daemon=True)
         thread.start()

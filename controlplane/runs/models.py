@@ -67,6 +67,9 @@ class Run(models.Model):
     celery_task_id = models.CharField(max_length=255, blank=True, default="")
     output_dir = models.CharField(max_length=1024, blank=True, default="")
     worker_host = models.CharField(max_length=255, blank=True, default="")
+    # What the worker resolved hub ids to: {"model": {"id", "type", "revision", "commit", "path"},
+    # "dataset": {...}} (the exact commits the run trained on).
+    sources = models.JSONField(default=dict, blank=True)
     vllm_port = models.PositiveIntegerField(null=True, blank=True)
     # Process-group ids (each child is the leader of its own group; see worker/guard.py).
     vllm_pid = models.IntegerField(null=True, blank=True)

@@ -82,6 +82,7 @@ class RunOutputSerializer(serializers.ModelSerializer):
             "output_dir",
             "celery_task_id",
             "worker_host",
+            "sources",
             "vllm_port",
             "vllm_pid",
             "trainer_pid",

@@ -17,6 +17,7 @@ measured without expanding YAML aliases first.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from trainer import registry
+from trainer.hub import is_hub_id
 from trainer.run_config import RunConfigError, validate_run_document
 
 MAX_DOCUMENT_BYTES = 64_000
@@ -158,18 +160,17 @@ def _control_plane_errors(doc: dict) -> dict[str, str]:
     errors: dict[str, str] = {}
     model = doc.get("model")
     if isinstance(model, str) and model and not registry.is_registered("model", model):
-        message = _local_path_error(
-            model, settings.GRPO_ALLOWED_MODEL_ROOTS, "GRPO_ALLOWED_MODEL_ROOTS", "model"
-        )
+        message = _source_error(model, "model")
         if message:
             errors["model"] = message
     dataset = doc.get("train_dataset")
     if isinstance(dataset, str) and dataset and not registry.is_registered("dataset", dataset):
-        message = _local_path_error(
-            dataset, settings.GRPO_ALLOWED_DATASET_ROOTS, "GRPO_ALLOWED_DATASET_ROOTS", "dataset"
-        )
+        message = _source_error(dataset, "dataset")
         if message:
             errors["train_dataset"] = message
+    for key, source in (("model_revision", model), ("dataset_revision", dataset)):
+        if doc.get(key) is not None and not is_hub_id(source):
+            errors.setdefault(key, "applies to a hub id only (org/name)")
     errors.update(
         _names_errors(doc.get("reward_funcs"), "reward_funcs", "reward_func", registry.names("reward_func"))
     )
@@ -204,6 +205,8 @@ def _column_errors(doc: dict) -> dict[str, str]:
     rewards = [rewards] if isinstance(rewards, str) else rewards
     if not isinstance(dataset, str) or not dataset or not isinstance(rewards, list):
         return {}
+    if is_hub_id(dataset) and not registry.is_registered("dataset", dataset):
+        return {}  # the web never fetches: the worker checks when it loads it
     entries = registry.entries("reward_func")
     needed = {i: entries[n].required for i, n in enumerate(rewards) if isinstance(n, str) and n in entries}
     if not any(needed.values()):
@@ -212,6 +215,8 @@ def _column_errors(doc: dict) -> dict[str, str]:
         columns = dataset_summary(name=dataset)["columns"]
     except ValueError as exc:
         return {"train_dataset": f"{dataset!r} {exc}"}
+    renames = doc.get("dataset_columns") if isinstance(doc.get("dataset_columns"), dict) else {}
+    columns = [renames.get(c, c) for c in columns]
     errors = {}
     for i, required in needed.items():
         missing = [c for c in required if c not in columns]
@@ -239,6 +244,28 @@ def _unregistered(kind: str, name: str, known: dict[str, str]) -> str:
     return (
         f"{name!r} is not a registered {kind.replace('_', ' ')} (choose from: {choices}); an operator "
         f"registers more with a '{registry.ENTRY_POINT_GROUPS[kind]}' entry point or {registry.PLUGIN_MODULES_ENV}"
+    )
+
+
+def _source_error(value: str, what: str) -> str | None:
+    """None when an unregistered model or dataset may be used from the web: a hub id matching the
+    operator's allowlist, or a local path under the allowed roots; else why not, naming the setting."""
+    if is_hub_id(value):
+        setting = "GRPO_ALLOWED_HUB_MODELS" if what == "model" else "GRPO_ALLOWED_HUB_DATASETS"
+        patterns = getattr(settings, setting)
+        if any(fnmatch.fnmatchcase(value, pattern) for pattern in patterns):
+            return None
+        allowed = f"it allows {', '.join(patterns)}" if patterns else "it is empty"
+        return (
+            f"{value!r} is a hub {what} id that the operator has not allowed: hub {what}s must match a "
+            f"glob pattern of {setting} ({allowed})"
+        )
+    if what == "model":
+        return _local_path_error(
+            value, settings.GRPO_ALLOWED_MODEL_ROOTS, "GRPO_ALLOWED_MODEL_ROOTS", "model"
+        )
+    return _local_path_error(
+        value, settings.GRPO_ALLOWED_DATASET_ROOTS, "GRPO_ALLOWED_DATASET_ROOTS", "dataset"
     )
 
 
