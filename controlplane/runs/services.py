@@ -284,7 +284,11 @@ def run_sources_record(*, run_id: int, sources: dict[str, dict]) -> None:
     """Record what the worker resolved the run's hub ids to (commit hashes), and say so as an event."""
     Run.objects.filter(pk=run_id).update(sources=sources)
     for key, source in sources.items():
-        _event(run_id, RunEventKind.INFO, f"{key} {source['id']}@{source['revision']} is commit {source['commit']}")
+        _event(
+            run_id,
+            RunEventKind.INFO,
+            f"{key} {source['id']}@{source['revision']} is commit {source['commit']}",
+        )
 
 
 def run_mark_running(*, run_id: int, resumed_from: Checkpoint | None = None) -> bool:

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0002_config_frozen_once_launched'),
+        ("runs", "0002_config_frozen_once_launched"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='sources',
+            model_name="run",
+            name="sources",
             field=models.JSONField(blank=True, default=dict),
         ),
     ]
