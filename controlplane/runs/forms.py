@@ -19,6 +19,9 @@ from trainer import registry
 from trainer.run_config import RunConfigError
 
 MAX_VALIDATION_PASSES = 4
+MAX_SOURCE_CHARS = 1000
+# RUN.yaml's hub options, one form field each.
+HUB_KEYS = ("model_revision", "dataset_revision", "dataset_config", "dataset_split", "dataset_columns")
 
 
 def _arg_field(name: str, f: dataclasses.Field, annotation: Any) -> forms.Field:
@@ -79,9 +82,36 @@ class RunForm(forms.Form):
     """Start a run. ``document()`` is the RUN.yaml document once ``is_valid()``."""
 
     name = forms.CharField(max_length=200, required=False, help_text="defaults to 'MODEL on DATASET'")
-    # Choices are filled per form from the registry (plugins installed later show up).
-    model = forms.ChoiceField(choices=())
-    train_dataset = forms.ChoiceField(label="dataset", choices=())
+    # Typed, with the registered names offered (a <datalist>): a hub id the operator allows or an
+    # allowed local path is typed too; run_document_validate decides what is accepted.
+    model = forms.CharField(
+        max_length=MAX_SOURCE_CHARS,
+        initial="tiny",
+        widget=forms.TextInput(attrs={"list": "model-choices", "autocomplete": "off", "size": 50}),
+        help_text="a registered model, a hub id the operator allows (GRPO_ALLOWED_HUB_MODELS), or an "
+        "allowed local directory",
+    )
+    train_dataset = forms.CharField(
+        label="dataset",
+        max_length=MAX_SOURCE_CHARS,
+        widget=forms.TextInput(attrs={"list": "dataset-choices", "autocomplete": "off", "size": 50}),
+        help_text="a registered dataset, a hub id the operator allows (GRPO_ALLOWED_HUB_DATASETS), or an "
+        "allowed local file or directory",
+    )
+    model_revision = forms.CharField(
+        required=False, max_length=200, help_text="hub models: branch, tag or commit"
+    )
+    dataset_revision = forms.CharField(required=False, max_length=200, help_text="hub datasets: the same")
+    dataset_config = forms.CharField(
+        required=False, max_length=200, help_text="the dataset's config name, if any"
+    )
+    dataset_split = forms.CharField(required=False, max_length=200, help_text="default: train")
+    dataset_columns = forms.CharField(
+        required=False,
+        max_length=4000,
+        widget=forms.TextInput(attrs={"size": 50, "spellcheck": "false"}),
+        help_text='JSON: the dataset\'s columns -> the names the run reads, e.g. {"question": "prompt"}',
+    )
     reward_funcs = forms.MultipleChoiceField(
         label="reward functions",
         choices=(),
@@ -96,28 +126,29 @@ class RunForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for name, kind in (("model", "model"), ("train_dataset", "dataset"), ("reward_funcs", "reward_func")):
-            self.fields[name].choices = _registry_choices(kind)
+        self.fields["reward_funcs"].choices = _registry_choices("reward_func")
+        self.source_choices = {"model": _registry_choices("model"), "dataset": _registry_choices("dataset")}
         self._defaults: dict[str, Any] = {}
         for name, (field, default) in _main_arg_fields().items():
             self.fields[name] = field
             self._defaults[name] = default
-        for name in ("model", "train_dataset"):
-            self._offer_unregistered(name)
         self._document: dict | None = None
-
-    def _offer_unregistered(self, name: str) -> None:
-        """Add the submitted (or cloned) value of ``name`` to its choices when the registry lacks it
-        (a local path, which the API accepts under the allowed roots): the select keeps showing it and
-        :func:`run_document_validate` decides, as it does for the API."""
-        value = self.data.get(name) if self.is_bound else self.initial.get(name)
-        field = self.fields[name]
-        if isinstance(value, str) and value and value not in dict(field.choices):
-            field.choices = [*field.choices, (value, value)]
 
     @property
     def main_arg_names(self) -> tuple[str, ...]:
         return MAIN_ARGS
+
+    def clean_dataset_columns(self) -> dict:
+        text = (self.cleaned_data.get("dataset_columns") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            raise forms.ValidationError('not valid JSON; e.g. {"question": "prompt"}') from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('must be a JSON object, e.g. {"question": "prompt"}')
+        return value
 
     def clean_advanced(self) -> dict:
         text = (self.cleaned_data.get("advanced") or "").strip()
@@ -162,12 +193,17 @@ class RunForm(forms.Form):
             if value is not None and value != default:
                 args[name] = value
         args.update(data.get("advanced") or {})
-        return {
-            "model": data.get("model") or "",
-            "train_dataset": data.get("train_dataset") or "",
+        document: dict[str, Any] = {
+            "model": (data.get("model") or "").strip(),
+            "train_dataset": (data.get("train_dataset") or "").strip(),
             "reward_funcs": list(data.get("reward_funcs") or []),
-            "args": args,
         }
+        for key in HUB_KEYS:
+            value = data.get(key)
+            if value:
+                document[key] = value.strip() if isinstance(value, str) else value
+        document["args"] = args
+        return document
 
     def add_config_errors(self, errors: dict[str, str]) -> None:
         """Put each ``{field path: message}`` beside the form field it names, except on fields that
@@ -181,7 +217,7 @@ class RunForm(forms.Form):
 
     def field_for_path(self, path: str) -> str | None:
         head = path.split("[", 1)[0]
-        if head in ("model", "train_dataset", "reward_funcs"):
+        if head in ("model", "train_dataset", "reward_funcs", *HUB_KEYS):
             return head
         if path.startswith("args."):
             name = path.split(".")[1]

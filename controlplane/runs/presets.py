@@ -21,7 +21,18 @@ from controlplane.runs.services import demo_config
 from trainer import registry
 
 DEFAULT_MODEL = "tiny"
-FORM_KEYS = ("model", "train_dataset", "reward_funcs", "args")  # what the form has fields for
+# What the form has fields for (the hub options included).
+FORM_KEYS = (
+    "model",
+    "train_dataset",
+    "reward_funcs",
+    "model_revision",
+    "dataset_revision",
+    "dataset_config",
+    "dataset_split",
+    "dataset_columns",
+    "args",
+)
 MAX_NAME_CHARS = 200
 CLONE_SUFFIX = " (clone)"
 
@@ -83,8 +94,13 @@ def form_presets() -> dict[str, Any]:
 
 
 def run_new_prefill(*, model: str = DEFAULT_MODEL) -> RunFormPrefill:
-    """A new run: ``model`` and its preset (dataset and reward functions keep the form's own initials)."""
-    return RunFormPrefill(initial={"model": model, **form_args_split(args=run_preset(model=model))})
+    """A new run: ``model`` and its preset; for ``tiny`` also the demo's dataset and reward functions
+    (so a plain submit starts the demo)."""
+    initial: dict[str, Any] = {"model": model, **form_args_split(args=run_preset(model=model))}
+    if model == "tiny":
+        demo = demo_config()
+        initial.update(train_dataset=demo["train_dataset"], reward_funcs=list(demo["reward_funcs"]))
+    return RunFormPrefill(initial=initial)
 
 
 def run_clone_prefill(*, run: Run) -> RunFormPrefill:
@@ -98,7 +114,14 @@ def run_clone_prefill(*, run: Run) -> RunFormPrefill:
         "model": config.get("model") or DEFAULT_MODEL,
         "train_dataset": config.get("train_dataset") or "",
         "reward_funcs": [reward_funcs] if isinstance(reward_funcs, str) else list(reward_funcs),
+        **{
+            key: config[key]
+            for key in ("model_revision", "dataset_revision", "dataset_config", "dataset_split")
+            if config.get(key)
+        },
         **form_args_split(args=args),
     }
+    if isinstance(config.get("dataset_columns"), dict) and config["dataset_columns"]:
+        initial["dataset_columns"] = json.dumps(config["dataset_columns"])
     dropped = sorted(str(key) for key in config if key not in FORM_KEYS)
     return RunFormPrefill(initial=initial, cloned_from=run.pk, dropped=dropped)
