@@ -19,20 +19,12 @@ from controlplane.runs.models import Run
 from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
 from controlplane.runs.services import demo_config
 from trainer import registry
+from trainer.run_config import TOP_LEVEL_KEYS
 
 DEFAULT_MODEL = "tiny"
-# What the form has fields for (the hub options included).
-FORM_KEYS = (
-    "model",
-    "train_dataset",
-    "reward_funcs",
-    "model_revision",
-    "dataset_revision",
-    "dataset_config",
-    "dataset_split",
-    "dataset_columns",
-    "args",
-)
+# What the form has fields for: every RUN.yaml key but these (the API takes them).
+NOT_ON_FORM = ("tools", "environment_factory", "peft_config", "loop_cls")
+FORM_KEYS = tuple(key for key in TOP_LEVEL_KEYS if key not in NOT_ON_FORM)
 MAX_NAME_CHARS = 200
 CLONE_SUFFIX = " (clone)"
 
