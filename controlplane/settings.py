@@ -94,6 +94,9 @@ GRPO_LOGIN_WINDOW_S = int(os.environ.get("GRPO_LOGIN_WINDOW_S", "300"))
 # and often loses, raising TimeoutError and closing the browser's websocket every few seconds. Reads
 # must outlast the pop; a dead Redis is still detected, after this many seconds (None = never).
 GRPO_CHANNEL_SOCKET_TIMEOUT_S = float(os.environ.get("GRPO_CHANNEL_SOCKET_TIMEOUT_S", "30"))
+# Key prefix of the Channels layer in Redis: deployments (or test sessions) sharing one Redis keep
+# their run streams apart (group names are run-<id>, and two databases reuse ids).
+GRPO_CHANNEL_PREFIX = os.environ.get("GRPO_CHANNEL_PREFIX", "asgi")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -101,6 +104,7 @@ CHANNEL_LAYERS = {
             "hosts": [{"address": REDIS_URL, "socket_timeout": GRPO_CHANNEL_SOCKET_TIMEOUT_S}],
             "capacity": 1000,
             "expiry": 30,
+            "prefix": GRPO_CHANNEL_PREFIX,
         },
     }
 }

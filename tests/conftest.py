@@ -22,6 +22,21 @@ from worker.processes import VLLMServer, free_port, http_ok
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# Run streams of this session only: another session on the same Redis (a developer's, CI's) creates
+# runs with the same ids in its own database. The environment carries it to every daphne, Celery
+# worker and trainer the tests start; this process's settings (already loaded by pytest-django) get
+# it before any channel layer is made.
+os.environ.setdefault("GRPO_CHANNEL_PREFIX", f"asgi-test-{os.getpid()}")
+
+
+def _own_channel_prefix() -> None:
+    from django.conf import settings
+
+    settings.GRPO_CHANNEL_PREFIX = os.environ["GRPO_CHANNEL_PREFIX"]
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = settings.GRPO_CHANNEL_PREFIX
+
+
+_own_channel_prefix()
 # VLLMServer, free_port and http_ok live in worker.processes; test modules import them from here too.
 __all__ = [
     "CHROMIUM",

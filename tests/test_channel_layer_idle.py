@@ -67,3 +67,11 @@ def test_idle_receive_spans_several_blocking_pops():
 
     message = async_to_sync(scenario)()
     assert message == {"type": "probe", "n": 1}
+
+
+def test_this_session_has_its_own_channel_prefix():
+    """The layer the tests use is the one their subprocesses get (the environment's prefix)."""
+    import os
+
+    assert settings.GRPO_CHANNEL_PREFIX == os.environ["GRPO_CHANNEL_PREFIX"] != "asgi"
+    assert _layer().prefix == settings.GRPO_CHANNEL_PREFIX
