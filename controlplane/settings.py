@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -150,6 +151,21 @@ def env_list(name: str) -> list[str]:
     return [p.strip() for p in os.environ.get(name, "").replace(os.pathsep, ",").split(",") if p.strip()]
 
 
+def env_named_urls(name: str) -> dict[str, str]:
+    """``"a=http://h:8000,b=http://g:8000"`` -> ``{"a": "http://h:8000", ...}`` (startup error if malformed)."""
+    from urllib.parse import urlparse
+
+    named: dict[str, str] = {}
+    # Commas only (env_list also splits on os.pathsep, the ':' every URL has).
+    for item in (p.strip() for p in os.environ.get(name, "").split(",") if p.strip()):
+        key, sep, url = item.partition("=")
+        key, url = key.strip(), url.strip().rstrip("/")
+        if not sep or not key or urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not NAME=http(s)://host:port")
+        named[key] = url
+    return named
+
+
 def env_port_range(name: str, default: str) -> tuple[int, int]:
     low, _, high = os.environ.get(name, default).partition("-")
     return int(low), int(high or low)
@@ -160,6 +176,18 @@ def env_port_range(name: str, default: str) -> tuple[int, int]:
 GRPO_RUNS_QUEUE = os.environ.get("GRPO_RUNS_QUEUE", "gpu")
 CELERY_TASK_ROUTES = {"worker.run_supervise": {"queue": GRPO_RUNS_QUEUE}}
 CELERY_BEAT_SCHEDULE = {"runs-check-stale": {"task": "worker.runs_check_stale", "schedule": 60.0}}
+# Worker pools: a run's `resources.pool` names the Celery queue it goes to (default: GRPO_RUNS_QUEUE).
+# Start each pool's workers with `-Q <pool>`; a pool is typically one kind of GPU host.
+GRPO_RUN_POOLS = env_list("GRPO_RUN_POOLS") or [GRPO_RUNS_QUEUE]
+# External vLLM servers a run may name with `resources.server` instead of starting its own:
+# "name=url,name=url" (e.g. "vllm=http://vllm:8000"). One run at a time uses a named server (its
+# weights are the run's policy); the next waits as queued.
+GRPO_VLLM_SERVERS = env_named_urls("GRPO_VLLM_SERVERS")
+# The GPUs this worker may place runs on ("0,1,2,3", or "none"); unset: CUDA_VISIBLE_DEVICES, else
+# every GPU nvidia-smi lists, else none (a CPU worker). Read by the worker (worker/inventory.py).
+GRPO_WORKER_GPUS = os.environ.get("GRPO_WORKER_GPUS")
+# A run whose GPUs (or named server) are busy stays queued and its task retries after this many s.
+GRPO_PLACEMENT_RETRY_S = float(os.environ.get("GRPO_PLACEMENT_RETRY_S", "5"))
 # Each live run's vLLM server gets its own port from this range (per worker host).
 GRPO_VLLM_PORTS = env_port_range("GRPO_VLLM_PORTS", "8100-8199")
 # Extra flags for every run's `python -m trainer serve` (shell syntax), e.g. "--enable-lora".

@@ -21,6 +21,7 @@ from tests.conftest import REPO
 from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
 from trainer.rewards import accuracy_reward
 from trainer.tasks.arithmetic import arithmetic_rows
+from trainer.tasks.demo import demo_run_document, unseen_fact_rows
 
 pytestmark = pytest.mark.vllm
 
@@ -126,11 +127,23 @@ SPEC_METRICS = [
 
 
 def test_reward_rises_on_arithmetic_and_metrics_follow_the_spec(vllm_server, tiny_model_dir, tmp_path):
-    # 40 steps: the reward peaks around steps 35-50 here (a 60-step run: thirds 0.51 -> 0.58 at 40)
+    # The demo's task and recipe (trainer/tasks/demo.py): held-out single-digit facts, lr 1e-3,
+    # token_budget 256. `python -m bench.demo_learning --seeds 0 1 2 --steps 40` measured the median
+    # reward 0.39 -> 0.78 over 40 steps. The whole task mix at lr 5e-4 (this test's former setting)
+    # rose only 0.51 -> 0.58 and once fell in CI (0.56 -> 0.55): too little signal for a test.
     steps = 40
-    args = _config(vllm_server, tmp_path, max_steps=steps, learning_rate=5e-4, max_staleness=2)
+    demo_args = demo_run_document()["args"]
+    args = _config(
+        vllm_server,
+        tmp_path,
+        max_steps=steps,
+        learning_rate=demo_args["learning_rate"],
+        token_budget=demo_args["token_budget"],
+        max_staleness=2,
+    )
+    train_dataset = Dataset.from_list(unseen_fact_rows(2048, seed=0))
     trainer = AsyncGRPOTrainer(
-        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=_dataset(2048)
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=train_dataset
     )
     trainer.train()
     rows = [r for r in _metrics(tmp_path) if "loss" in r]
@@ -143,14 +156,14 @@ def test_reward_rises_on_arithmetic_and_metrics_follow_the_spec(vllm_server, tin
     assert not missing, missing
     rewarded = [r for r in rows if "reward" in r]
     assert len(rewarded) >= 0.9 * steps, len(rewarded)
-    # Each step's reward averages ~300 completions of prompts of mixed difficulty (per-step noise
-    # ~0.03), so compare thirds of the run rather than single steps.
+    # A step's reward averages the groups scored in its window (per-step noise ~0.05), so compare
+    # thirds of the run rather than single steps.
     third = steps // 3
     head = [r["reward"] for r in rewarded if r["step"] <= third]
     tail = [r["reward"] for r in rewarded if r["step"] > steps - third]
     first, last = sum(head) / len(head), sum(tail) / len(tail)
     print(f"reward first {third} steps {first:.3f} -> last {third} steps {last:.3f}")
-    assert last > first + 0.01, (first, last)
+    assert last > first + 0.1, (first, last)
 
 
 def test_resume_continues_at_the_stored_prompt(vllm_server, tiny_model_dir, tmp_path, monkeypatch):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
 
@@ -21,21 +20,21 @@ def _log(line: str) -> None:
 
 def build_trainer(spec: RunSpec, trainer_cls=None):
     """An :class:`~trainer.trainer.AsyncGRPOTrainer` for a validated run document."""
-    from trainer.hub import is_hub_id, resolve_snapshot
-    from trainer.registry import is_registered, load_dataset_by_name, resolve_callable, resolve_model
+    from trainer.hub import resolve_sources
+    from trainer.registry import load_dataset_by_name, resolve_callable, resolve_model
     from trainer.trainer import AsyncGRPOTrainer
 
     trainer_cls = trainer_cls or AsyncGRPOTrainer
-    model, dataset_name = spec.model, spec.train_dataset
-    # Hub ids are resolved to local snapshots here (the control plane's worker has done it already:
-    # its launch document names the snapshot directories).
-    if is_hub_id(model) and not is_registered("model", model) and not Path(model).exists():
-        model = str(resolve_snapshot(model, revision=spec.model_revision, progress=_log).path)
-    if dataset_name and is_hub_id(dataset_name) and not is_registered("dataset", dataset_name):
-        snapshot = resolve_snapshot(
-            dataset_name, repo_type="dataset", revision=spec.dataset_revision, progress=_log
-        )
-        dataset_name = str(snapshot.path)
+    # Hub ids become local snapshots (the control plane's worker has done it already: its launch
+    # document names the snapshot directories, which pass through unchanged).
+    sources = resolve_sources(
+        model=spec.model,
+        dataset=spec.train_dataset,
+        model_revision=spec.model_revision,
+        dataset_revision=spec.dataset_revision,
+        progress=_log,
+    )
+    model, dataset_name = sources.model, sources.dataset
     if spec.loop_cls:
         from trainer.rollout.loop import AsyncRolloutLoop
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -137,7 +138,22 @@ class AsyncGRPOConfig(TrainingArguments):
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         _validate_ranges(self)
+        if not self.use_cpu and _cpu_only_multiprocess():
+            # transformers sets up a distributed CPU run (DDP over gloo) only with use_cpu; without
+            # it every rank of `torch.distributed.run` believed it was the main process.
+            self.use_cpu = True
         super().__post_init__()
+
+
+def _cpu_only_multiprocess() -> bool:
+    """True under a multi-process launcher (``WORLD_SIZE`` > 1) on a host without CUDA devices."""
+    import torch
+
+    try:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    return world_size > 1 and not torch.cuda.is_available()
 
 
 def _bf16_accelerator_available() -> bool:

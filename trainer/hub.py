@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HubError", "Snapshot", "is_hub_id", "resolve_snapshot", "valid_revision"]
+__all__ = [
+    "HubError",
+    "Snapshot",
+    "Sources",
+    "is_hub_id",
+    "resolve_snapshot",
+    "resolve_sources",
+    "valid_revision",
+]
 
 # "org/name" (the hub's own rule, roughly): no path tricks, no scheme, no "..".
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -124,3 +132,40 @@ def _progress_tqdm(report: Callable[[str], None], what: str):
             return out
 
     return ReportingTqdm
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a run's ``model`` and ``train_dataset`` name once hub ids are resolved: local snapshot
+    directories in place of hub ids, and ``resolved`` = ``{"model"|"dataset": Snapshot.as_dict()}``."""
+
+    model: str
+    dataset: str | None
+    resolved: dict[str, dict[str, str]]
+
+
+def resolve_sources(
+    *,
+    model: str,
+    dataset: str | None,
+    model_revision: str | None = None,
+    dataset_revision: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Sources:
+    """Resolve whichever of ``model`` / ``dataset`` is a hub id (not a registered name, not an
+    existing local path) to its snapshot; the rest pass through unchanged. Raises :class:`HubError`."""
+    from trainer.registry import is_registered
+
+    def is_remote(value: str | None, kind: str) -> bool:
+        return is_hub_id(value) and not is_registered(kind, value) and not Path(value).exists()
+
+    resolved: dict[str, dict[str, str]] = {}
+    if is_remote(model, "model"):
+        snapshot = resolve_snapshot(model, revision=model_revision, progress=progress)
+        resolved["model"], model = snapshot.as_dict(), str(snapshot.path)
+    if is_remote(dataset, "dataset"):
+        snapshot = resolve_snapshot(
+            dataset, repo_type="dataset", revision=dataset_revision, progress=progress
+        )
+        resolved["dataset"], dataset = snapshot.as_dict(), str(snapshot.path)
+    return Sources(model=model, dataset=dataset, resolved=resolved)

@@ -5,7 +5,8 @@ JSONL or ``datasets`` directory), ``reward_funcs`` (list of dotted import paths)
 (dotted paths), ``environment_factory`` (dotted path, or a mapping name → dotted path),
 ``peft_config`` (LoraConfig keyword arguments), hub options (``model_revision``;
 ``dataset_revision``, ``dataset_config``, ``dataset_split`` (default ``train``) and ``dataset_columns``,
-a map from the dataset's column names to the ones the run reads, e.g. ``{question: prompt}``), ``loop_cls`` (dotted path of an
+a map from the dataset's column names to the ones the run reads, e.g. ``{question: prompt}``),
+``resources`` (GPUs, processes, vLLM parallelism or a named server: :mod:`trainer.resources`), ``loop_cls`` (dotted path of an
 :class:`~trainer.rollout.loop.AsyncRolloutLoop` subclass, the spec's ``loop_cls``), and ``args`` (AsyncGRPOConfig fields by their spec
 names). :func:`validate_run_document` checks a document without importing anything it names
 (the control plane calls it on untrusted input); :func:`load_run_document` resolves it for the
@@ -23,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from trainer.resources import parse_resources, resources_errors
+
 TOP_LEVEL_KEYS = (
     "model",
     "train_dataset",
@@ -36,6 +39,7 @@ TOP_LEVEL_KEYS = (
     "dataset_config",
     "dataset_split",
     "dataset_columns",
+    "resources",
     "args",
 )
 REQUIRED_KEYS = ("model",)
@@ -67,6 +71,7 @@ class RunSpec:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_columns: dict[str, str] = field(default_factory=dict)
+    resources: Any = None  # trainer.resources.Resources (used by the control plane's worker)
     args: Any = None  # AsyncGRPOConfig
 
 
@@ -138,6 +143,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         elif not _is_dotted_path(env):
             errors["environment_factory"] = "must be a dotted import path or a mapping name -> dotted path"
     errors.update(_hub_option_errors(doc))
+    errors.update(resources_errors(doc.get("resources")))
     loop_cls = doc.get("loop_cls")
     if loop_cls is not None and not _is_dotted_path(loop_cls):
         errors["loop_cls"] = (
@@ -194,6 +200,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         dataset_config=doc.get("dataset_config"),
         dataset_split=doc.get("dataset_split") or "train",
         dataset_columns=dict(doc.get("dataset_columns") or {}),
+        resources=parse_resources(doc.get("resources")),
         args=config,
     )
 

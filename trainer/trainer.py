@@ -36,7 +36,7 @@ from trainer.chat_template import check_text_only
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
-from trainer.host import share_cpu_with_local_server
+from trainer.host import share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
 from trainer.modeling import (
@@ -248,6 +248,7 @@ class AsyncGRPOTrainer(Trainer):
         """Connect to the server, sync the policy, start the rollout process (main process owns both)."""
         args = self.args
         token_budget = served_name = None
+        write_rank_layout(args.output_dir, self.accelerator.device, main_process=self.is_world_process_zero())
         if self.is_world_process_zero():
             wait_for_server(args.vllm_server_base_url, args.vllm_server_timeout)
             served_name, max_model_len = pick_served_model(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -26,3 +26,20 @@ def _check_services(**_: object) -> None:
     from controlplane.preflight import require_services
 
     require_services()
+
+
+@worker_ready.connect
+def _announce(sender=None, **_: object) -> None:
+    """Tell the control plane this worker's pools (queues) and GPUs (worker/inventory.py)."""
+    from worker.inventory import worker_announce
+
+    queues = sorted(sender.app.amqp.queues.consume_from or {}) if sender is not None else []
+    worker_announce(name=sender.hostname, queues=queues)
+
+
+@worker_shutdown.connect
+def _retire(sender=None, **_: object) -> None:
+    from worker.inventory import worker_retire
+
+    if sender is not None:
+        worker_retire(name=sender.hostname)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import shlex
@@ -71,9 +72,20 @@ class RunLost(Exception):
     """The run left the active states under us (e.g. marked failed as stale): record nothing."""
 
 
-def supervise_run(*, run_id: int, task_id: str) -> str:
-    """Run one attempt of ``run_id`` to its end; returns the final status (or ``skipped``)."""
-    run = services.run_claim(run_id=run_id, task_id=task_id, worker_host=socket.gethostname())
+def supervise_run(*, run_id: int, task_id: str, worker_name: str = "") -> str:
+    """Run one attempt of ``run_id`` to its end; returns the final status (or ``skipped``).
+
+    Raises :class:`~controlplane.runs.services.PlacementWait` when the run must wait for GPUs.
+    """
+    from worker.inventory import worker_gpus
+
+    run = services.run_claim(
+        run_id=run_id,
+        task_id=task_id,
+        worker_host=socket.gethostname(),
+        worker_name=worker_name,
+        gpus=worker_gpus(),
+    )
     if run is None:
         logger.info("run %s: not queued for task %s; nothing to do", run_id, task_id)
         return "skipped"
@@ -89,6 +101,9 @@ class RunSupervisor:
         self.out = Path(run.output_dir)
         self.logs = self.out / "logs"
         self.port = run.vllm_port
+        self.placement: dict = copy.deepcopy(run.placement or {})
+        self.server_name: str | None = self.placement.get("server")
+        self._ranks_recorded = False
         self.vllm: ManagedProcess | None = None
         self.trainer: ManagedProcess | None = None
         self.shutdown_signal: int | None = None
@@ -145,7 +160,8 @@ class RunSupervisor:
             message=f"model ready after {time.monotonic() - started:.0f} s: {model_dir}",
         )
         config_path = self._write_launch_document(model_dir, dataset)
-        self._start_vllm(model_dir, config)
+        if self.server_name is None:
+            self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
         self._start_trainer(config_path, checkpoint)
@@ -162,34 +178,27 @@ class RunSupervisor:
     def _resolve_sources(self, config: dict) -> tuple[str, Any]:
         """The model directory and dataset the launch document names: registered names prepared,
         hub ids resolved to local snapshots (downloads reported as events, commits recorded)."""
-        from trainer.hub import is_hub_id, resolve_snapshot
-        from trainer.registry import is_registered
+        from trainer.hub import resolve_sources
 
         def report(line: str) -> None:
             services.run_event_create(run_id=self.run_id, kind=RunEventKind.INFO, message=line)
 
-        sources: dict[str, dict] = {}
-        model = config["model"]
-        if is_hub_id(model) and not is_registered("model", model):
-            revision = config.get("model_revision")
-            snapshot = self._blocking(
-                lambda: resolve_snapshot(model, revision=revision, progress=report),
-                what=f"hub model {model!r}",
-            )
-            sources["model"], model_dir = snapshot.as_dict(), str(snapshot.path)
-        else:
-            model_dir = self._blocking(lambda: _resolve_model(model), what="resolving the model")
-        dataset = config.get("train_dataset")
-        if isinstance(dataset, str) and is_hub_id(dataset) and not is_registered("dataset", dataset):
-            revision = config.get("dataset_revision")
-            snapshot = self._blocking(
-                lambda: resolve_snapshot(dataset, repo_type="dataset", revision=revision, progress=report),
-                what=f"hub dataset {dataset!r}",
-            )
-            sources["dataset"], dataset = snapshot.as_dict(), str(snapshot.path)
-        if sources:
-            services.run_sources_record(run_id=self.run_id, sources=sources)
-        return model_dir, dataset
+        sources = self._blocking(
+            lambda: resolve_sources(
+                model=config["model"],
+                dataset=config.get("train_dataset"),
+                model_revision=config.get("model_revision"),
+                dataset_revision=config.get("dataset_revision"),
+                progress=report,
+            ),
+            what="resolving the hub sources",
+        )
+        model_dir = sources.model
+        if "model" not in sources.resolved:  # a registered name (the tiny model is prepared) or a path
+            model_dir = self._blocking(lambda: _resolve_model(model_dir), what="resolving the model")
+        if sources.resolved:
+            services.run_sources_record(run_id=self.run_id, sources=sources.resolved)
+        return model_dir, sources.dataset
 
     def _write_launch_document(self, model_dir: str, dataset: Any) -> Path:
         """The document the trainer runs: the run's config with local directories for hub ids (the
@@ -209,21 +218,67 @@ class RunSupervisor:
 
     @property
     def base_url(self) -> str:
+        if self.server_name is not None:
+            url = settings.GRPO_VLLM_SERVERS.get(self.server_name)
+            if url is None:
+                raise AttemptEnded(
+                    RunStatus.FAILED,
+                    f"resources.server: {self.server_name!r} is not in this worker's GRPO_VLLM_SERVERS",
+                )
+            return url
         return f"http://127.0.0.1:{self.port}"
 
     def _start_vllm(self, model_dir: str, config: dict) -> None:
+        place = self.placement.get("vllm") or {}
         argv = [sys.executable, "-m", "trainer", "serve", model_dir, "--port", str(self.port)]
-        argv += MODEL_SERVER_FLAGS.get(config["model"], [])
+        argv += vllm_placement_flags(place, default=MODEL_SERVER_FLAGS.get(config["model"], []))
         dtype = (config.get("args") or {}).get("dtype", "float32")
         if dtype != "auto":
             argv += ["--dtype", dtype]
         argv += shlex.split(settings.GRPO_VLLM_EXTRA_ARGS)
-        self.vllm = self._start("vllm", argv)
+        env = _devices_env(place.get("gpus"))
+        self.vllm = self._start("vllm", argv, env)
         services.run_processes_record(run_id=self.run_id, vllm_pid=self.vllm.pid)
+        self._record_environment("vllm", env, launcher="python -m trainer serve")
         services.run_event_create(
             run_id=self.run_id,
             kind=RunEventKind.INFO,
             message=f"vLLM server starting on port {self.port} (pid {self.vllm.pid}): {shlex.join(argv)}",
+        )
+
+    def _record_environment(self, name: str, env: dict[str, str], *, launcher: str) -> None:
+        """Put what ``name``'s processes were given (devices, launcher) in the placement and the events."""
+        part = self.placement.setdefault(name, {}) or {}
+        self.placement[name] = part
+        part["env"] = dict(env)
+        part["launcher"] = launcher
+        shown = " ".join(f"{k}={v}" for k, v in env.items()) or "no device variables (CPU)"
+        services.run_placement_record(
+            run_id=self.run_id,
+            placement=self.placement,
+            message=f"{name} environment: {shown}; launched with {launcher}",
+        )
+
+    def _record_ranks(self) -> None:
+        """Once the trainer wrote ``ranks.json`` (every rank's device and pid), store it."""
+        from trainer.host import RANKS_FILE
+
+        if self._ranks_recorded:
+            return
+        try:
+            ranks = json.loads((self.out / RANKS_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        self._ranks_recorded = True
+        self.placement.setdefault("trainer", {})["ranks"] = ranks
+        described = "; ".join(
+            f"rank {r.get('rank')}: {r.get('device')}"
+            + (f" = GPU {r['gpu']}" if r.get("gpu") is not None else "")
+            + f", pid {r.get('pid')} on {r.get('host')}"
+            for r in ranks
+        )
+        services.run_placement_record(
+            run_id=self.run_id, placement=self.placement, message=f"trainer ranks: {described}"
         )
 
     def _wait_healthy(self) -> None:
@@ -232,10 +287,12 @@ class RunSupervisor:
         while not http_ok(self.base_url + "/health"):
             self._check()
             if time.monotonic() > deadline:
+                tail = self.vllm.log_tail(TAIL_LINES) if self.vllm is not None else ""
+                which = f"vLLM server {self.server_name!r}" if self.server_name else "vLLM server"
                 raise AttemptEnded(
                     RunStatus.FAILED,
-                    f"vLLM server not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s:\n"
-                    + self.vllm.log_tail(TAIL_LINES),
+                    f"{which} not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s at "
+                    f"{self.base_url}:\n{tail}",
                 )
             time.sleep(POLL_S)
         services.run_event_create(
@@ -257,14 +314,34 @@ class RunSupervisor:
         ]
         if checkpoint is not None:
             argv += ["--resume", str(checkpoint)]
+        place = self.placement.get("trainer") or {}
+        processes = int(place.get("processes") or 1)
+        launcher = "python -m trainer train"
+        if processes > 1:
+            # One process per GPU (or CPU share); only rank 0 reports, talks to vLLM and sends weights.
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",  # a free rendezvous port on this host: runs side by side never clash
+                "--nproc-per-node",
+                str(processes),
+                *argv[1:],
+            ]
+            launcher = f"torch.distributed.run --standalone --nproc-per-node {processes}"
+        devices = _devices_env(place.get("gpus"))
         env = {
             "GRPO_RUN_ID": str(self.run_id),
             "DATABASE_URL": settings.DATABASE_URL,
             "REDIS_URL": settings.REDIS_URL,
             "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            **devices,
         }
+        with contextlib.suppress(FileNotFoundError):
+            (self.out / "ranks.json").unlink()  # a previous attempt's
         self.trainer = self._start("trainer", argv, env)
         services.run_processes_record(run_id=self.run_id, trainer_pid=self.trainer.pid)
+        self._record_environment("trainer", devices, launcher=launcher)
         services.run_event_create(
             run_id=self.run_id,
             kind=RunEventKind.INFO,
@@ -295,6 +372,7 @@ class RunSupervisor:
                     f"trainer exited with status {_describe(code)}:\n{self.trainer.log_tail(TAIL_LINES)}",
                 )
             self._check()
+            self._record_ranks()
             self._maybe_log_event()
             time.sleep(POLL_S)
 
@@ -418,15 +496,35 @@ class RunSupervisor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+def vllm_placement_flags(place: dict, *, default: list[str]) -> list[str]:
+    """``trainer serve`` flags for the placement's vLLM block: parallel sizes, memory share and
+    context length (``default``: the registered model's own flags, e.g. the tiny model's context)."""
+    flags: list[str] = []
+    if place.get("max_model_len"):
+        flags += ["--max-model-len", str(place["max_model_len"])]
+    else:
+        flags += default
+    if (place.get("tensor_parallel_size") or 1) > 1:
+        flags += ["--tensor-parallel-size", str(place["tensor_parallel_size"])]
+    if (place.get("data_parallel_size") or 1) > 1:
+        flags += ["--data-parallel-size", str(place["data_parallel_size"])]
+    if place.get("gpu_memory_utilization") is not None:
+        flags += ["--gpu-memory-utilization", str(place["gpu_memory_utilization"])]
+    return flags
+
+
+def _devices_env(gpus: list[str] | None) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` for a process group placed on ``gpus`` (nothing on a CPU worker)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
+
+
 def _model_plan(name: str) -> str:
     """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
     if name != "tiny":
         return f"model: {name}"
-    from trainer.registry import cache_root
-    from trainer.tiny import current_builds, read_build_report, source_hash
+    from trainer.tiny import current_builds
 
-    cached = cache_root() / "tiny" / source_hash()[:16]
-    if read_build_report(cached) or current_builds(0):
+    if current_builds(0):  # the shipped build or the user's cache
         return "model: the embedded tiny model (a build of these sources exists; copying it if needed)"
     return "model: building the embedded tiny model from scratch (its sources changed; ~3 min on 2 cores)"
 

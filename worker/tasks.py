@@ -19,6 +19,7 @@ def ping(payload: str = "ping") -> dict:
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
+    max_retries=None,  # a run may wait for GPUs as long as it takes (see PlacementWait below)
     time_limit=None,
     soft_time_limit=None,
 )
@@ -26,11 +27,20 @@ def run_supervise(self, run_id: int) -> str:
     """Launch and watch one attempt of a run until it ends (routed to ``settings.GRPO_RUNS_QUEUE``).
 
     Long-running by design: acks late, no time limit; a redelivered copy finds the run no longer
-    queued and returns ``skipped``.
+    queued and returns ``skipped``. A run that must wait for GPUs is retried every
+    ``GRPO_PLACEMENT_RETRY_S`` (the task is requeued, so other runs and workers are not held up).
     """
+    from django.conf import settings
+
+    from controlplane.runs.services import PlacementWait
     from worker.supervisor import supervise_run
 
-    return supervise_run(run_id=run_id, task_id=self.request.id)
+    try:
+        return supervise_run(run_id=run_id, task_id=self.request.id, worker_name=self.request.hostname or "")
+    except PlacementWait as wait:
+        # Its GPUs (or named server) are busy: the run stays queued, and this task comes back later,
+        # to this worker or another of the pool.
+        raise self.retry(countdown=settings.GRPO_PLACEMENT_RETRY_S, exc=wait) from None
 
 
 @app.task(name="worker.runs_check_stale")

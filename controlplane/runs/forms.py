@@ -112,6 +112,13 @@ class RunForm(forms.Form):
         widget=forms.TextInput(attrs={"size": 50, "spellcheck": "false"}),
         help_text='JSON: the dataset\'s columns -> the names the run reads, e.g. {"question": "prompt"}',
     )
+    resources = forms.CharField(
+        required=False,
+        max_length=4000,
+        widget=forms.TextInput(attrs={"size": 50, "spellcheck": "false"}),
+        help_text='JSON: GPUs and processes (docs/cluster.md), e.g. {"vllm": {"gpus": 1}, "trainer": '
+        '{"gpus": 2}} or {"server": "vllm", "trainer": {"processes": 2}}; empty: the worker\'s defaults',
+    )
     reward_funcs = forms.MultipleChoiceField(
         label="reward functions",
         choices=(),
@@ -148,6 +155,18 @@ class RunForm(forms.Form):
             raise forms.ValidationError('not valid JSON; e.g. {"question": "prompt"}') from None
         if not isinstance(value, dict):
             raise forms.ValidationError('must be a JSON object, e.g. {"question": "prompt"}')
+        return value
+
+    def clean_resources(self) -> dict:
+        text = (self.cleaned_data.get("resources") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            raise forms.ValidationError('not valid JSON; e.g. {"trainer": {"gpus": 2}}') from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('must be a JSON object, e.g. {"trainer": {"gpus": 2}}')
         return value
 
     def clean_advanced(self) -> dict:
@@ -202,6 +221,8 @@ class RunForm(forms.Form):
             value = data.get(key)
             if value:
                 document[key] = value.strip() if isinstance(value, str) else value
+        if data.get("resources"):
+            document["resources"] = data["resources"]
         document["args"] = args
         return document
 
@@ -219,6 +240,8 @@ class RunForm(forms.Form):
         head = path.split("[", 1)[0]
         if head in ("model", "train_dataset", "reward_funcs", *HUB_KEYS):
             return head
+        if head.split(".", 1)[0] == "resources":
+            return "resources"
         if path.startswith("args."):
             name = path.split(".")[1]
             return name if name in self.fields and name != "advanced" else "advanced"

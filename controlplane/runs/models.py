@@ -70,6 +70,12 @@ class Run(models.Model):
     # What the worker resolved hub ids to: {"model": {"id", "type", "revision", "commit", "path"},
     # "dataset": {...}} (the exact commits the run trained on).
     sources = models.JSONField(default=dict, blank=True)
+    # Where the current attempt runs (set by the worker's claim; see controlplane/runs/placement.py):
+    # {"host", "worker", "gpus": every GPU it holds, "vllm": {...}, "trainer": {..., "ranks": [...]}}.
+    # A live run's GPUs are held by it: no other run on the host is placed on them.
+    placement = models.JSONField(default=dict, blank=True)
+    # Why a queued run is not placed yet ("waiting for 3 GPUs: 1 of 4 free on host-a").
+    waiting_reason = models.CharField(max_length=500, blank=True, default="")
     vllm_port = models.PositiveIntegerField(null=True, blank=True)
     # Process-group ids (each child is the leader of its own group; see worker/guard.py).
     vllm_pid = models.IntegerField(null=True, blank=True)
@@ -207,3 +213,23 @@ class RunEvent(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(kind__in=RunEventKind.values), name="run_event_kind_valid"),
         ]
+
+
+class WorkerHost(models.Model):
+    """A Celery worker that supervises runs, as it announced itself on start (removed on shutdown):
+    the queues (pools) it consumes and the GPUs it places runs on. The API checks a run's GPU request
+    against the largest worker of its pool."""
+
+    name = models.CharField(max_length=255, unique=True)  # Celery's node name, e.g. gpu@host-a
+    host = models.CharField(max_length=255)
+    queues = models.JSONField(default=list)
+    gpus = models.JSONField(default=list)  # GPU ids as CUDA_VISIBLE_DEVICES names them
+    cpus = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.CheckConstraint(condition=~Q(name=""), name="worker_host_name_not_empty")]
+
+    def __str__(self) -> str:
+        return f"worker {self.name} ({len(self.gpus)} GPUs)"

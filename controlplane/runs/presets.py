@@ -115,5 +115,7 @@ def run_clone_prefill(*, run: Run) -> RunFormPrefill:
     }
     if isinstance(config.get("dataset_columns"), dict) and config["dataset_columns"]:
         initial["dataset_columns"] = json.dumps(config["dataset_columns"])
+    if isinstance(config.get("resources"), dict) and config["resources"]:
+        initial["resources"] = json.dumps(config["resources"])
     dropped = sorted(str(key) for key in config if key not in FORM_KEYS)
     return RunFormPrefill(initial=initial, cloned_from=run.pk, dropped=dropped)

@@ -82,6 +82,8 @@ class RunOutputSerializer(serializers.ModelSerializer):
             "output_dir",
             "celery_task_id",
             "worker_host",
+            "placement",
+            "waiting_reason",
             "sources",
             "vllm_port",
             "vllm_pid",

@@ -28,6 +28,7 @@ from django.conf import settings
 
 from trainer import registry
 from trainer.hub import is_hub_id
+from trainer.resources import Resources, parse_resources, resources_errors
 from trainer.run_config import RunConfigError, validate_run_document
 
 MAX_DOCUMENT_BYTES = 64_000
@@ -192,6 +193,48 @@ def _control_plane_errors(doc: dict) -> dict[str, str]:
     args = doc.get("args")
     if isinstance(args, dict):
         errors.update(_args_errors(args))
+    resources = doc.get("resources")
+    if isinstance(resources, dict) and not resources_errors(resources):
+        errors.update(_resources_errors(parse_resources(resources)))
+    return errors
+
+
+def _resources_errors(resources: Resources) -> dict[str, str]:
+    """The named server and pool must be the operator's; the GPUs (CPUs) asked for must exist on
+    at least one registered worker of the pool (no worker registered yet: not checked, the worker
+    refuses at claim time what it can never meet)."""
+    from controlplane.runs import worker_hosts
+
+    errors: dict[str, str] = {}
+    if resources.server is not None and resources.server not in settings.GRPO_VLLM_SERVERS:
+        known = ", ".join(sorted(settings.GRPO_VLLM_SERVERS)) or "none (the operator sets GRPO_VLLM_SERVERS)"
+        errors["resources.server"] = (
+            f"{resources.server!r} is not a registered vLLM server; registered: {known}"
+        )
+    pool = resources.pool or settings.GRPO_RUNS_QUEUE
+    if resources.pool is not None and resources.pool not in settings.GRPO_RUN_POOLS:
+        errors["resources.pool"] = (
+            f"{resources.pool!r} is not a pool; pools: {', '.join(settings.GRPO_RUN_POOLS)}"
+        )
+        return errors
+    wanted = resources.explicit_gpus()
+    largest = worker_hosts.pool_max_gpus(pool=pool)
+    if wanted and largest is not None and wanted > largest:
+        field = "resources.trainer.gpus" if resources.trainer_gpus else "resources.vllm.gpus"
+        errors[field] = (
+            f"the run asks for {wanted} GPUs (vLLM {resources.vllm_gpus_on(gpu_host=True)} + trainer "
+            f"{resources.trainer_gpus or 0}) and the largest worker of pool {pool!r} has {largest}"
+        )
+    cpus = worker_hosts.pool_max_cpus(pool=pool)
+    if (
+        resources.trainer_processes
+        and largest == 0
+        and cpus is not None
+        and resources.trainer_processes > cpus
+    ):
+        errors["resources.trainer.processes"] = (
+            f"{resources.trainer_processes} processes, and the largest worker of pool {pool!r} has {cpus} CPUs"
+        )
     return errors
 
 
@@ -297,6 +340,10 @@ def _args_errors(args: dict) -> dict[str, str]:
     for key in CONTROLLED_ARGS:
         if key in args:
             errors[f"args.{key}"] = "is set by the control plane for each run; remove it"
+    if "vllm_server_base_url" in args:
+        errors["args.vllm_server_base_url"] += (
+            " (to use a running server, name one the operator registered: resources.server)"
+        )
     for key in RESUME_ARGS:
         if key in args:
             errors[f"args.{key}"] = "resume a stopped or failed run with POST /api/v1/runs/<id>/resume/"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import yaml
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -67,6 +68,8 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
         "main_fields": [form[name] for name in form.main_arg_names],
         "presets": presets.form_presets(),
         "prefill": prefill,
+        "vllm_servers": sorted(settings.GRPO_VLLM_SERVERS),
+        "run_pools": settings.GRPO_RUN_POOLS,
     }
     return render(request, "runs/run_form.html", context, status=400 if posted else 200)
 

@@ -279,6 +279,48 @@
     while (body.children.length > MAX_EVENTS) body.removeChild(body.firstChild);
   }
 
+  // ---------------------------------------------------------------- placement
+  // Where the run runs (host, GPUs of vLLM and of each trainer rank) and why a queued run waits;
+  // reloaded from the run's API when an event says the placement changed.
+  const PLACEMENT_EVENTS = /^(placement:|waiting for|vllm environment|trainer environment|trainer ranks)/;
+
+  function gpuText(gpus) {
+    return gpus && gpus.length ? `GPU${gpus.length > 1 ? "s" : ""} ${gpus.join(",")}` : "CPU";
+  }
+
+  function renderPlacement(run) {
+    const waiting = document.getElementById("run-waiting");
+    waiting.textContent = run.status === "queued" && run.waiting_reason ? run.waiting_reason : "";
+    waiting.hidden = !waiting.textContent;
+    const box = document.getElementById("run-placement");
+    box.replaceChildren();
+    const p = run.placement || {};
+    if (!p.host) {
+      box.hidden = true;
+      return;
+    }
+    box.hidden = false;
+    box.append(el("div", { text: `host ${p.host} · worker ${p.worker}` }));
+    if (p.server) box.append(el("div", { text: `vLLM: named server ${p.server}` }));
+    else if (p.vllm) {
+      const env = p.vllm.env ? Object.entries(p.vllm.env).map(([k, v]) => `${k}=${v}`).join(" ") : "";
+      box.append(el("div", { "data-part": "vllm", text: `vLLM: ${gpuText(p.vllm.gpus)} (TP ${p.vllm.tensor_parallel_size} × DP ${p.vllm.data_parallel_size}), port ${run.vllm_port ?? "–"}${env ? ` · ${env}` : ""}` }));
+    }
+    const t = p.trainer || {};
+    box.append(el("div", { "data-part": "trainer", text: `trainer: ${gpuText(t.gpus)}, ${t.processes || 1} process${(t.processes || 1) > 1 ? "es" : ""}${t.launcher ? ` · ${t.launcher}` : ""}` }));
+    for (const r of t.ranks || []) {
+      box.append(el("div", { class: "rank", "data-rank": String(r.rank), text: `  rank ${r.rank}: ${r.device}${r.gpu !== null && r.gpu !== undefined ? ` = GPU ${r.gpu}` : ""} · pid ${r.pid} on ${r.host}` }));
+    }
+  }
+
+  async function loadPlacement() {
+    try {
+      renderPlacement(await getJSON(""));
+    } catch (err) {
+      console.warn("placement", err);
+    }
+  }
+
   // ---------------------------------------------------------------- diagnosis
   function scheduleDiagnosis() {
     if (state.diagnosisTimer) return;
@@ -346,8 +388,13 @@
     else if (msg.type === "completions") {
       addCompletions(msg.step, msg.items);
       renderCompletions();
-    } else if (msg.type === "status") setStatus(msg);
-    else if (msg.type === "event") addEvent(msg);
+    } else if (msg.type === "status") {
+      setStatus(msg);
+      loadPlacement();
+    } else if (msg.type === "event") {
+      addEvent(msg);
+      if (PLACEMENT_EVENTS.test(msg.message || "")) loadPlacement();
+    }
   }
 
   function connect() {
@@ -431,6 +478,7 @@
   }
 
   connect(); // subscribe first: nothing produced while the history loads is lost
+  loadPlacement();
   loadHistory().catch((err) => {
     document.getElementById("charts").append(el("p", { class: "errorlist", text: `could not load the history: ${err}` }));
     state.historyLoaded = true;

@@ -188,13 +188,11 @@ class Command(BaseCommand):
             cwd=settings.BASE_DIR,
             log_path=logs / "tiny.log",
         ).start()
-        processes.append(builder)
         self.stdout.write("preparing the embedded tiny model...")
-        while builder.poll() is None and not self.stop_reason:
-            self.stop_reason = self.watch.reason()
-            time.sleep(POLL_S)
-        processes.remove(builder)
-        builder.stop(grace_s=2)
+        try:
+            self._wait(lambda: builder.poll() is not None, None, processes)
+        finally:
+            builder.stop(grace_s=2)
 
     def _start_demo_run(self, url: str) -> None:
         from controlplane.runs.services import demo_run_start
