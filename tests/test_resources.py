@@ -17,7 +17,7 @@ from controlplane.runs.worker_hosts import worker_host_register
 from trainer.resources import parse_resources, resources_errors
 from trainer.run_config import RunConfigError, validate_run_document
 from worker.inventory import parse_gpu_list
-from worker.supervisor import vllm_placement_flags
+from worker.launch import vllm_placement_flags
 
 BASE = {
     "model": "tiny",

@@ -45,6 +45,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
+from worker.launch import devices_env, trainer_command, vllm_placement_flags
 from worker.processes import ManagedProcess, http_ok
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class RunSupervisor:
         if dtype != "auto":
             argv += ["--dtype", dtype]
         argv += shlex.split(settings.GRPO_VLLM_EXTRA_ARGS)
-        env = _devices_env(place.get("gpus"))
+        env = devices_env(place.get("gpus"))
         self.vllm = self._start("vllm", argv, env)
         services.run_processes_record(run_id=self.run_id, vllm_pid=self.vllm.pid)
         self._record_environment("vllm", env, launcher="python -m trainer serve")
@@ -302,34 +303,10 @@ class RunSupervisor:
         )
 
     def _start_trainer(self, config_path: Path, checkpoint: Path | None) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "trainer",
-            "train",
-            "--config",
-            str(config_path),
-            "--callback",
-            CALLBACK_PATH,
-        ]
+        module = ["-m", "trainer", "train", "--config", str(config_path), "--callback", CALLBACK_PATH]
         if checkpoint is not None:
-            argv += ["--resume", str(checkpoint)]
-        place = self.placement.get("trainer") or {}
-        processes = int(place.get("processes") or 1)
-        launcher = "python -m trainer train"
-        if processes > 1:
-            # One process per GPU (or CPU share); only rank 0 reports, talks to vLLM and sends weights.
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",  # a free rendezvous port on this host: runs side by side never clash
-                "--nproc-per-node",
-                str(processes),
-                *argv[1:],
-            ]
-            launcher = f"torch.distributed.run --standalone --nproc-per-node {processes}"
-        devices = _devices_env(place.get("gpus"))
+            module += ["--resume", str(checkpoint)]
+        argv, devices, launcher = trainer_command(self.placement.get("trainer") or {}, module)
         env = {
             "GRPO_RUN_ID": str(self.run_id),
             "DATABASE_URL": settings.DATABASE_URL,
@@ -496,28 +473,6 @@ class RunSupervisor:
 
 
 # ------------------------------------------------------------------------------------ helpers
-def vllm_placement_flags(place: dict, *, default: list[str]) -> list[str]:
-    """``trainer serve`` flags for the placement's vLLM block: parallel sizes, memory share and
-    context length (``default``: the registered model's own flags, e.g. the tiny model's context)."""
-    flags: list[str] = []
-    if place.get("max_model_len"):
-        flags += ["--max-model-len", str(place["max_model_len"])]
-    else:
-        flags += default
-    if (place.get("tensor_parallel_size") or 1) > 1:
-        flags += ["--tensor-parallel-size", str(place["tensor_parallel_size"])]
-    if (place.get("data_parallel_size") or 1) > 1:
-        flags += ["--data-parallel-size", str(place["data_parallel_size"])]
-    if place.get("gpu_memory_utilization") is not None:
-        flags += ["--gpu-memory-utilization", str(place["gpu_memory_utilization"])]
-    return flags
-
-
-def _devices_env(gpus: list[str] | None) -> dict[str, str]:
-    """``CUDA_VISIBLE_DEVICES`` for a process group placed on ``gpus`` (nothing on a CPU worker)."""
-    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
-
-
 def _model_plan(name: str) -> str:
     """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
     if name != "tiny":
