@@ -157,7 +157,7 @@ async def _bench_latency(
 ) -> dict:
     from asgiref.sync import sync_to_async
 
-    from controlplane.runs import services
+    from controlplane.runs import ingest
 
     url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
     latencies: list[float] = []
@@ -168,9 +168,7 @@ async def _bench_latency(
     values = {f"bench/metric_{i}": float(i) for i in range(49)}
 
     def publish(step: int) -> None:
-        services.metric_points_ingest(
-            run_id=run_id, step=step, values={**values, "bench/sent_at": time.time()}
-        )
+        ingest.metric_points_ingest(run_id=run_id, step=step, values={**values, "bench/sent_at": time.time()})
 
     started = time.monotonic()
     for step in range(1, messages + 1):

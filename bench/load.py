@@ -49,7 +49,7 @@ def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) ->
     """Each writer upserts batches of ``steps_per_batch`` steps x 50 metrics into its own run."""
     from django.db import connection
 
-    from controlplane.runs import services
+    from controlplane.runs import ingest
 
     names = [f"ns{i % 6}/metric_{i}" for i in range(METRICS_PER_STEP)]
     runs = [_run(user, f"ingest {i}") for i in range(writers)]
@@ -66,7 +66,7 @@ def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) ->
                     step += 1
                     steps.append((step, {n: step * 0.001 + j for j, n in enumerate(names)}))
                 t0 = time.monotonic()
-                counts[i] += services.metric_steps_ingest(run_id=runs[i].pk, steps=steps)
+                counts[i] += ingest.metric_steps_ingest(run_id=runs[i].pk, steps=steps)
                 batch_s.append(time.monotonic() - t0)
         finally:
             connection.close()
@@ -92,13 +92,13 @@ def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) ->
 
 
 def bench_query(user, base: str, token: str, *, points: int) -> dict:
-    from controlplane.runs import selectors, services
+    from controlplane.runs import ingest, selectors
 
     steps = points // METRICS_PER_STEP
     run = _run(user, f"query {points}")
     names = [f"ns{i % 6}/metric_{i}" for i in range(METRICS_PER_STEP)]
     for start in range(1, steps + 1, 100):
-        services.metric_steps_ingest(
+        ingest.metric_steps_ingest(
             run_id=run.pk,
             steps=[
                 (s, {n: s * 0.001 + j for j, n in enumerate(names)})

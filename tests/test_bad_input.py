@@ -31,7 +31,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.test import APIClient
 
 from controlplane.asgi import application
-from controlplane.runs import services
+from controlplane.runs import ingest, services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunEvent
 from controlplane.runs.serializers import SafeJSONParser
@@ -457,7 +457,7 @@ QUERY_CASES = [
 def test_api_query_params_are_checked(path, status, field):
     alice = make_user("alice")
     run = Run.objects.create(owner=alice, name="q", config=good(), config_sha256="0" * 64)
-    services.metric_points_ingest(run_id=run.pk, step=1, values={"reward": 0.5})
+    ingest.metric_points_ingest(run_id=run.pk, step=1, values={"reward": 0.5})
     response = api_for("alice").get(f"/api/v1/runs/{run.pk}/{path}")
     assert response.status_code == status, response.content
     assert field in response.json(), response.json()

@@ -70,6 +70,12 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             assert page.locator(".metric-group[data-group='rollout'] .chart").count() >= 5
             assert page.inner_text("#run-status") == "running"
             assert "step" in page.inner_text("#run-step") and "/ 500" in page.inner_text("#run-step")
+            # Where it runs: the host, each process group's devices and the trainer's rank(s).
+            page.wait_for_selector("#run-placement .rank[data-rank='0']", timeout=60_000)
+            placement = page.inner_text("#run-placement")
+            assert (
+                "host " in placement and "vLLM: CPU" in placement and "trainer: CPU, 1 process" in placement
+            )
 
             # A sampled completion shows up, grouped with its group's rollouts, and is searchable.
             page.wait_for_selector("#completions .completion", timeout=120_000)

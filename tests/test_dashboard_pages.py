@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.runs import services
+from controlplane.runs import ingest, services
 from controlplane.runs.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +43,7 @@ def test_metric_history_in_columns_matches_points_layout():
     alice = make_user("alice")
     run = make_run(alice)
     for step in (1, 2, 3):
-        services.metric_points_ingest(
+        ingest.metric_points_ingest(
             run_id=run.pk,
             step=step,
             values={"reward": step / 10, "perf/step_s": math.nan if step == 2 else 1.5},
@@ -64,7 +64,7 @@ def test_completions_filter_by_step_and_page_size():
     alice = make_user("alice")
     run = make_run(alice)
     for step in (1, 2):
-        services.completion_samples_ingest(
+        ingest.completion_samples_ingest(
             run_id=run.pk,
             step=step,
             items=[{"prompt": f"p{i}", "completion": f"c{step}-{i}", "group_id": i // 2} for i in range(6)],
@@ -81,7 +81,7 @@ def test_diagnosis_endpoint_applies_the_rules_to_the_latest_steps():
     run = make_run(alice)
     assert api_for(alice).get(f"/api/v1/runs/{run.pk}/diagnosis/").json() == []
     for step in range(1, 31):
-        services.metric_points_ingest(
+        ingest.metric_points_ingest(
             run_id=run.pk,
             step=step,
             values={
@@ -112,9 +112,9 @@ def test_run_list_shows_progress_and_last_reward_and_compare_overlays_own_runs()
     alice, bob = make_user("alice"), make_user("bob")
     first, second = make_run(alice, name="first"), make_run(alice, name="second", max_steps=None)
     hidden = make_run(bob, name="bobs")
-    services.metric_points_ingest(run_id=first.pk, step=7, values={"reward": 0.625, "loss": 0.1})
-    services.metric_points_ingest(run_id=first.pk, step=8, values={"loss": 0.1})
-    services.metric_points_ingest(run_id=second.pk, step=2, values={"reward": 0.25, "entropy": 1.0})
+    ingest.metric_points_ingest(run_id=first.pk, step=7, values={"reward": 0.625, "loss": 0.1})
+    ingest.metric_points_ingest(run_id=first.pk, step=8, values={"loss": 0.1})
+    ingest.metric_points_ingest(run_id=second.pk, step=2, values={"reward": 0.25, "entropy": 1.0})
     browser = browser_for(alice)
     html = browser.get("/runs/").content.decode()
     row = html[html.index(f'data-run-id="{first.pk}"') :]

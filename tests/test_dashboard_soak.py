@@ -19,7 +19,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from controlplane.runs import services
+from controlplane.runs import ingest, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db, free_port
 
@@ -95,7 +95,7 @@ def test_page_stays_connected_for_three_minutes_and_gets_every_step_once(tmp_pat
             started, step = time.monotonic(), 0
             while time.monotonic() - started < SOAK_S:
                 step += 1
-                db(services.metric_points_ingest, run_id=run.pk, step=step, values={"reward": step / 100})
+                db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": step / 100})
                 if step % 5 == 0:
                     db(
                         services.run_event_create,
@@ -131,14 +131,14 @@ def test_reconnect_fetches_missed_steps_and_events_once(tmp_path):
         with daphne_on_test_db(tmp_path / "daphne1.log", queue=queue, port=port) as base:
             browser, page, sockets, frames = _open_run_page(pw, base, run)
             for step in (1, 2):
-                db(services.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
+                db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="before the drop")
             page.wait_for_function("document.querySelectorAll('#events tr').length >= 1", timeout=10_000)
         try:
             # The web is gone: what happens now reaches the database only.
             page.wait_for_function("document.getElementById('conn').textContent.startsWith('reconnecting')")
             for step in (3, 4, 5):
-                db(services.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
+                db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="missed while down")
             with daphne_on_test_db(tmp_path / "daphne2.log", queue=queue, port=port):
                 page.wait_for_selector("#conn.live", timeout=30_000)

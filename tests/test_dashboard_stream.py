@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from controlplane.asgi import application
-from controlplane.runs import services
+from controlplane.runs import ingest, services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 
@@ -80,7 +80,7 @@ def test_anonymous_and_bad_token_sockets_are_closed_4401():
 def test_token_auth_sees_own_run_status_and_not_others():
     alice, bob = make_user("alice"), make_user("bob")
     run = make_run(alice, max_steps=12)
-    services.metric_points_ingest(run_id=run.pk, step=3, values={"reward": 0.25})
+    ingest.metric_points_ingest(run_id=run.pk, step=3, values={"reward": 0.25})
     alice_token = services.token_issue(username="alice")
     bob_token = services.token_issue(username="bob")
 
@@ -127,10 +127,10 @@ def test_messages_arrive_in_order_one_per_step_with_every_metric():
 
         def produce():
             for step in range(1, steps + 1):
-                services.metric_points_ingest(
+                ingest.metric_points_ingest(
                     run_id=run.pk, step=step, values={n: step + i / 100 for i, n in enumerate(names)}
                 )
-            services.completion_samples_ingest(
+            ingest.completion_samples_ingest(
                 run_id=run.pk,
                 step=steps,
                 items=[{"prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5, "group_id": 7}],
@@ -168,7 +168,7 @@ def test_a_socket_gets_nothing_from_other_runs_and_ping_is_answered():
 
     async def scenario():
         comm, _ = await open_socket(f"/ws/runs/{watched.pk}/?token={token}")
-        await database_sync_to_async(services.metric_points_ingest)(
+        await database_sync_to_async(ingest.metric_points_ingest)(
             run_id=other.pk, step=1, values={"reward": 1.0}
         )
         await comm.send_json_to({"type": "ping"})

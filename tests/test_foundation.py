@@ -118,6 +118,11 @@ def test_docker_compose_file_is_valid():
         assert service in result.stdout
     assert "VLLM_SERVER_DEV_MODE" in result.stdout and "processed_logprobs" in result.stdout
     assert "controlplane.settings_production" in result.stdout
+    # Placement (docs/cluster.md): the worker reserves every GPU and places runs itself; the vllm
+    # service is a named server, in its own profile so that its GPU is not the worker's by default.
+    assert "count: all" in result.stdout and "GRPO_WORKER_GPUS" in result.stdout
+    assert "GRPO_VLLM_SERVERS: vllm=http://vllm:8000" in result.stdout
+    assert "vllm_server_base_url" not in (REPO / "docker-compose.yml").read_text()
     unset = subprocess.run(
         [compose, "-f", "docker-compose.yml", "config"],
         cwd=REPO,

@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.runs import selectors, services
+from controlplane.runs import ingest, selectors, services
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunStatus
 
 pytestmark = pytest.mark.django_db
@@ -142,7 +142,7 @@ def test_unauthenticated_requests_are_refused(alice):
 
 def test_users_see_only_their_runs_and_staff_see_all(alice, bob):
     run, _ = services.run_create(owner=alice, config=good_config(), launch=False)
-    services.metric_points_ingest(run_id=run.pk, step=1, values={"reward": 0.5})
+    ingest.metric_points_ingest(run_id=run.pk, step=1, values={"reward": 0.5})
     as_bob = api_for(bob)
     for path in ("", "metrics/", "completions/", "events/", "checkpoints/"):
         assert as_bob.get(f"/api/v1/runs/{run.pk}/{path}").status_code == 404, path
@@ -188,10 +188,10 @@ def test_metrics_ingest_is_one_upsert_per_step_and_served_by_name(alice, django_
     run, _ = services.run_create(owner=alice, config=good_config(), launch=False)
     values = {f"m{i}": float(i) for i in range(50)} | {"reward": 0.25, "note": "text is skipped"}
     with django_assert_max_num_queries(1):  # bulk, not one INSERT per value
-        assert services.metric_points_ingest(run_id=run.pk, step=1, values=values) == 51
-    services.metric_points_ingest(run_id=run.pk, step=2, values={"reward": 0.5, "loss": float("nan")})
+        assert ingest.metric_points_ingest(run_id=run.pk, step=1, values=values) == 51
+    ingest.metric_points_ingest(run_id=run.pk, step=2, values={"reward": 0.5, "loss": float("nan")})
     # A retried / resumed step replaces its values instead of duplicating them.
-    services.metric_points_ingest(run_id=run.pk, step=2, values={"reward": 0.75})
+    ingest.metric_points_ingest(run_id=run.pk, step=2, values={"reward": 0.75})
     assert MetricPoint.objects.filter(run=run, name="reward").count() == 2
     client = api_for(alice)
     body = client.get(f"/api/v1/runs/{run.pk}/metrics/?names=reward,loss").json()
@@ -224,9 +224,9 @@ def test_completions_ingest_and_endpoint(alice):
         }
         for i in range(4)
     ]
-    assert services.completion_samples_ingest(run_id=run.pk, step=1, items=items) == 4
-    services.completion_samples_ingest(run_id=run.pk, step=1, items=items)  # retry: no duplicates
-    services.completion_samples_ingest(run_id=run.pk, step=2, items=items[:1])
+    assert ingest.completion_samples_ingest(run_id=run.pk, step=1, items=items) == 4
+    ingest.completion_samples_ingest(run_id=run.pk, step=1, items=items)  # retry: no duplicates
+    ingest.completion_samples_ingest(run_id=run.pk, step=2, items=items[:1])
     assert CompletionSample.objects.filter(run=run).count() == 5
     body = api_for(alice).get(f"/api/v1/runs/{run.pk}/completions/").json()
     assert body["count"] == 5

@@ -1,6 +1,6 @@
 """What a worker host offers runs: its GPUs, and its announcement to the control plane.
 
-The GPUs are ``GRPO_WORKER_GPUS`` ("0,1,2,3", or "none"), else ``CUDA_VISIBLE_DEVICES``, else every
+The GPUs are ``GRPO_WORKER_GPUS`` ("0,1,2,3", or "none"; empty counts as unset), else ``CUDA_VISIBLE_DEVICES``, else every
 GPU ``nvidia-smi`` lists, else none (a CPU worker). Ids are kept as ``CUDA_VISIBLE_DEVICES`` names
 them (indices or UUIDs), because that is what each run's processes are given.
 """
@@ -49,8 +49,8 @@ def _nvidia_smi_gpus() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def worker_gpus() -> tuple[str, ...]:
     """This worker's GPUs (see the module docstring); read once per process."""
-    declared = os.environ.get("GRPO_WORKER_GPUS")
-    if declared is not None:
+    declared = os.environ.get("GRPO_WORKER_GPUS", "")
+    if declared.strip():  # empty counts as unset (a compose file's "${GRPO_WORKER_GPUS:-}")
         return tuple(parse_gpu_list(declared))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:

@@ -132,7 +132,7 @@ class ControlPlaneCallback(TrainerCallback):
         """Write pending events in order (caller holds the lock); consecutive metrics go together."""
         from django.db import close_old_connections
 
-        from controlplane.runs import services
+        from controlplane.runs import ingest
 
         while self._pending:
             kind, step, payload = self._pending[0]
@@ -142,11 +142,11 @@ class ControlPlaneCallback(TrainerCallback):
                     # After a refusal, one step at a time: a bad step must not take good ones with it.
                     batch = self._leading_metrics() if not self._failures else [(step, payload)]
                     count = len(batch)
-                    services.metric_steps_ingest(run_id=self.run_id, steps=batch)
+                    ingest.metric_steps_ingest(run_id=self.run_id, steps=batch)
                 elif kind == "completions":
-                    services.completion_samples_ingest(run_id=self.run_id, step=step, items=payload)
+                    ingest.completion_samples_ingest(run_id=self.run_id, step=step, items=payload)
                 else:
-                    services.checkpoint_record(run_id=self.run_id, step=step, path=payload)
+                    ingest.checkpoint_record(run_id=self.run_id, step=step, path=payload)
             except Exception:
                 close_old_connections()  # a broken connection is replaced on the next attempt
                 self._failures += 1

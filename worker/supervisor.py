@@ -2,13 +2,18 @@
 
 An attempt (:func:`supervise_run`):
 
-1. claims the queued run (``starting``; its own vLLM port and output directory),
+1. claims the queued run (``starting``): placed on this worker's free GPUs (``resources``; a run
+   that does not fit raises ``PlacementWait`` and its task retries), its own vLLM port and output
+   directory,
 2. writes the launched document ``<output_dir>/RUN.yaml``: the stored config plus what the control
-   plane sets (``args.output_dir``, ``args.vllm_server_base_url`` on the run's own port, the model's
-   local directory),
-3. starts ``python -m trainer serve`` and waits for ``/health``,
+   plane sets (``args.output_dir``, ``args.vllm_server_base_url`` on the run's own port or the named
+   server's URL, the model's local directory),
+3. starts ``python -m trainer serve`` on the run's vLLM GPUs (none with a named server) and waits
+   for ``/health``,
 4. starts ``python -m trainer train --config RUN.yaml --callback worker.reporting.ControlPlaneCallback``
-   (``--resume CHECKPOINT`` when a previous attempt left one) and marks the run ``running``,
+   (``--resume CHECKPOINT`` when a previous attempt left one) on the trainer's GPUs, under
+   ``torch.distributed.run`` for several processes (:mod:`worker.launch`), records each child's
+   environment and the trainer's ranks, and marks the run ``running``,
 5. watches both: trainer exit 0 -> ``completed``; trainer or server exit otherwise -> ``failed`` with
    the exit status and the last log lines; ``stopping`` (set by the API) -> both are ended and the
    run is ``stopped``.
@@ -43,7 +48,7 @@ import yaml
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from controlplane.runs import selectors, services
+from controlplane.runs import ingest, selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from worker.launch import devices_env, trainer_command, vllm_placement_flags
 from worker.processes import ManagedProcess, http_ok
@@ -171,7 +176,7 @@ class RunSupervisor:
             step = int(checkpoint.name.rsplit("-", 1)[1])
             resumed_from = selectors.run_checkpoint_get(
                 run_id=self.run_id, step=step
-            ) or services.checkpoint_record(run_id=self.run_id, step=step, path=str(checkpoint))
+            ) or ingest.checkpoint_record(run_id=self.run_id, step=step, path=str(checkpoint))
         services.run_mark_running(run_id=self.run_id, resumed_from=resumed_from)
         self._watch()
 
@@ -446,7 +451,7 @@ class RunSupervisor:
         """Steps in metrics.jsonl the trainer's callback had not stored yet (a crash inside its batch
         window) reach Postgres now; a failure here is logged, never raised (the run must finish)."""
         try:
-            services.metric_points_backfill(run_id=self.run_id, metrics_file=self.out / "metrics.jsonl")
+            ingest.metric_points_backfill(run_id=self.run_id, metrics_file=self.out / "metrics.jsonl")
         except Exception:
             logger.warning("run %s: metrics backfill from metrics.jsonl failed", self.run_id, exc_info=True)
             close_old_connections()

@@ -10,7 +10,7 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
 Producers batch: the trainer's reporting callback flushes at most every ~250 ms, and
-:func:`controlplane.runs.services.metric_steps_ingest` publishes one channel-layer message per flush
+:func:`controlplane.runs.ingest.metric_steps_ingest` publishes one channel-layer message per flush
 carrying every metric of every step in it (never one per metric); this consumer forwards each step
 as its own ``metrics`` message, in step order.
 

@@ -13,8 +13,8 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Case, F, FloatField, Max, OuterRef, QuerySet, Subquery, Value, When
 from django.http import Http404
 
+from controlplane.runs.ingest import finite_or_none
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent
-from controlplane.runs.services import finite_or_none
 from trainer import registry
 
 # The form's main hyper-parameters (the rest go in its advanced JSON box).

@@ -1,13 +1,11 @@
-"""Everything that writes runs and what they produce (HackSoft style: keyword-only, typed).
+"""Everything that writes runs: their life cycle and placement (HackSoft style: keyword-only, typed).
 
 Status changes are conditional ``UPDATE ... WHERE status IN (...)`` statements, so the API, the
 supervisor and the staleness check can race without corrupting the life cycle (see models.py);
 each successful change records a :class:`RunEvent` and is published to the run's channel-layer
 group ``run-<id>`` after the transaction commits.
 
-Ingest (called in the trainer process by ``worker.reporting.ControlPlaneCallback``) writes one
-upsert statement per batch of logging steps (the callback sends at most one batch per ~250 ms),
-upserting on the natural keys so that a retried or resumed step replaces rather than duplicates.
+What a run produces (metrics, completions, checkpoints) is written by :mod:`controlplane.runs.ingest`.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -37,8 +34,6 @@ from controlplane.runs.models import (
     RESUMABLE_STATUSES,
     TERMINAL_STATUSES,
     Checkpoint,
-    CompletionSample,
-    MetricPoint,
     Run,
     RunEvent,
     RunEventKind,
@@ -225,6 +220,8 @@ def run_resume(*, run: Run) -> Run:
             trainer_pid=None,
             vllm_exit_code=None,
             trainer_exit_code=None,
+            placement={},  # the previous attempt's stays in its events; the next claim places anew
+            waiting_reason="",
         )
         if not changed:
             run.refresh_from_db()
@@ -504,147 +501,6 @@ def run_event_create(*, run_id: int, kind: str, message: str) -> RunEvent:
     return _event(run_id, kind, message)
 
 
-# ----------------------------------------------------------------------------------- ingest
-def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -> int:
-    """Store one logging step's metrics (see :func:`metric_steps_ingest`). Returns the count."""
-    return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
-
-
-def metric_points_backfill(*, run_id: int, metrics_file: Path, chunk_steps: int = 500) -> int:
-    """Upsert every step of a run's ``metrics.jsonl`` (later lines win, as in the file's own history).
-
-    The supervisor calls it when an attempt ends, whatever the cause: steps the reporting callback
-    had not written yet when its process died (a kill -9 lands inside its ~250 ms batch window) are
-    in the file, which the trainer writes first. Idempotent; not published (nobody waits for it
-    live). Returns the number of steps read.
-    """
-    if not metrics_file.is_file():
-        return 0
-    rows: dict[int, dict[str, Any]] = {}
-    with open(metrics_file, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-                step = int(row["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut by the kill
-            rows.setdefault(step, {}).update(row)
-    steps = sorted(rows.items())
-    for start in range(0, len(steps), chunk_steps):
-        metric_steps_ingest(run_id=run_id, steps=steps[start : start + chunk_steps], publish=False)
-    return len(steps)
-
-
-def metric_steps_ingest(
-    *, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]], publish: bool = True
-) -> int:
-    """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
-    publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values"}`` for one
-    step, ``{"type": "run.metrics.batch", "steps": [{"step", "values"}, ...]}`` for several (the
-    websocket consumer forwards each step as its own ``metrics`` message). Non-numeric values are
-    skipped; a name logged twice for one step keeps the later value. Returns the count stored."""
-    values_by_step: dict[int, dict[str, float]] = {}
-    for step, values in steps:
-        kept = values_by_step.setdefault(int(step), {})
-        for name, value in values.items():
-            if isinstance(value, int | float) and name != "step":
-                kept[str(name)[:200]] = float(value)
-    points = [(step, name, value) for step, kept in values_by_step.items() for name, value in kept.items()]
-    if not points:
-        return 0
-    _metric_points_upsert(run_id, points)
-    items = [
-        {"step": step, "values": {name: finite_or_none(value) for name, value in kept.items()}}
-        for step, kept in sorted(values_by_step.items())
-        if kept
-    ]
-    message = (
-        {"type": "run.metrics", **items[0]}
-        if len(items) == 1
-        else {"type": "run.metrics.batch", "steps": items}
-    )
-    if publish:
-        transaction.on_commit(lambda: _publish(run_id, message))
-    return len(points)
-
-
-def _metric_points_upsert(run_id: int, points: list[tuple[int, str, float]]) -> None:
-    """``points``: (step, name, value). One ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO
-    UPDATE``: three array parameters instead of four placeholders per row, so a 1,000-point batch is
-    one short statement (bench/load.py: about 2x ``bulk_create``). The table's constraints apply."""
-    table = MetricPoint._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (run_id, step, name, value) "
-            "SELECT %s, s, n, v FROM unnest(%s::integer[], %s::varchar[], %s::double precision[]) AS t(s, n, v) "
-            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value",
-            [run_id, [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]],
-        )
-
-
-def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping[str, Any]]) -> int:
-    """Store up to ``GRPO_COMPLETIONS_PER_STEP`` sampled completions of one step in one statement
-    (upsert on (run, step, index)) and publish ``{"type": "run.completions", "step", "items"}``."""
-    items = list(items)[: settings.GRPO_COMPLETIONS_PER_STEP]
-    rows = [
-        CompletionSample(
-            run_id=run_id,
-            step=step,
-            index=i,
-            prompt=_text(item.get("prompt")),
-            completion=_text(item.get("completion")),
-            reward=_float_or_none(item.get("reward")),
-            rewards={str(k): finite_or_none(float(v)) for k, v in (item.get("rewards") or {}).items()},
-            advantage=_float_or_none(item.get("advantage")),
-            group_id=_int_or_none(item.get("group_id")),
-            row_index=_int_or_none(item.get("row_index")),
-        )
-        for i, item in enumerate(items)
-    ]
-    if not rows:
-        return 0
-    CompletionSample.objects.bulk_create(
-        rows,
-        update_conflicts=True,
-        unique_fields=["run", "step", "index"],
-        update_fields=["prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index"],
-    )
-    message = {
-        "type": "run.completions",
-        "step": step,
-        "items": [
-            {
-                "index": r.index,
-                "prompt": r.prompt[:MAX_PUBLISHED_TEXT_CHARS],
-                "completion": r.completion[:MAX_PUBLISHED_TEXT_CHARS],
-                # Long texts are cut in the live message; REST (/completions/) has them whole.
-                "truncated": max(len(r.prompt), len(r.completion)) > MAX_PUBLISHED_TEXT_CHARS,
-                "reward": finite_or_none(r.reward),
-                "rewards": r.rewards,
-                "advantage": finite_or_none(r.advantage),
-                "group_id": r.group_id,
-                "row_index": r.row_index,
-            }
-            for r in rows
-        ],
-    }
-    transaction.on_commit(lambda: _publish(run_id, message))
-    return len(rows)
-
-
-def checkpoint_record(*, run_id: int, step: int, path: str) -> Checkpoint:
-    """Record (or re-record, after a resume) the checkpoint the trainer saved at ``step``."""
-    checkpoint, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=step, defaults={"path": path})
-    _event(run_id, RunEventKind.INFO, f"checkpoint saved at step {step}: {path}")
-    return checkpoint
-
-
-# ---------------------------------------------------------------------------------- helpers
-def finite_or_none(value: float | None) -> float | None:
-    """JSON has no NaN/inf: the API and the websocket send those as null."""
-    return value if value is not None and math.isfinite(value) else None
-
-
 def _transition(
     *,
     run_id: int,
@@ -688,6 +544,11 @@ def _publish_status(run_id: int, status: str, *, failure_reason: str = "") -> No
     if failure_reason:
         message["failure_reason"] = failure_reason
     transaction.on_commit(lambda: _publish(run_id, message))
+
+
+def run_message_publish(*, run_id: int, message: dict) -> None:
+    """Send ``message`` to the run's channel-layer group once the current transaction commits."""
+    _publish(run_id, message)
 
 
 def _publish(run_id: int, message: dict) -> None:
@@ -742,18 +603,3 @@ def _default_name(config: Any) -> str:
     if not isinstance(config, dict):
         return "run"
     return f"{config.get('model') or '?'} on {config.get('train_dataset') or config.get('environment_factory') or '?'}"
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text.replace("\x00", "")  # Postgres text cannot hold NUL; a sampled byte token can be one
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None

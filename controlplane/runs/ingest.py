@@ -1,0 +1,182 @@
+"""What the trainer's reporting callback and the supervisor write as a run goes: metrics (one upsert
+statement per batch of logging steps, on the natural keys, so a retried or resumed step replaces
+rather than duplicates), sampled completions, checkpoints. Each is also published to the run's
+channel-layer group. Called in the trainer process by ``worker.reporting.ControlPlaneCallback``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, RunEventKind
+from controlplane.runs.services import MAX_PUBLISHED_TEXT_CHARS, run_event_create, run_message_publish
+
+
+def _event_create(run_id: int, kind: str, message: str):
+    return run_event_create(run_id=run_id, kind=kind, message=message)
+
+
+def _message_publish(run_id: int, message: dict) -> None:
+    run_message_publish(run_id=run_id, message=message)
+
+
+def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -> int:
+    """Store one logging step's metrics (see :func:`metric_steps_ingest`). Returns the count."""
+    return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
+
+
+def metric_points_backfill(*, run_id: int, metrics_file: Path, chunk_steps: int = 500) -> int:
+    """Upsert every step of a run's ``metrics.jsonl`` (later lines win, as in the file's own history).
+
+    The supervisor calls it when an attempt ends, whatever the cause: steps the reporting callback
+    had not written yet when its process died (a kill -9 lands inside its ~250 ms batch window) are
+    in the file, which the trainer writes first. Idempotent; not published (nobody waits for it
+    live). Returns the number of steps read.
+    """
+    if not metrics_file.is_file():
+        return 0
+    rows: dict[int, dict[str, Any]] = {}
+    with open(metrics_file, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+                step = int(row["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by the kill
+            rows.setdefault(step, {}).update(row)
+    steps = sorted(rows.items())
+    for start in range(0, len(steps), chunk_steps):
+        metric_steps_ingest(run_id=run_id, steps=steps[start : start + chunk_steps], publish=False)
+    return len(steps)
+
+
+def metric_steps_ingest(
+    *, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]], publish: bool = True
+) -> int:
+    """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
+    publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values"}`` for one
+    step, ``{"type": "run.metrics.batch", "steps": [{"step", "values"}, ...]}`` for several (the
+    websocket consumer forwards each step as its own ``metrics`` message). Non-numeric values are
+    skipped; a name logged twice for one step keeps the later value. Returns the count stored."""
+    values_by_step: dict[int, dict[str, float]] = {}
+    for step, values in steps:
+        kept = values_by_step.setdefault(int(step), {})
+        for name, value in values.items():
+            if isinstance(value, int | float) and name != "step":
+                kept[str(name)[:200]] = float(value)
+    points = [(step, name, value) for step, kept in values_by_step.items() for name, value in kept.items()]
+    if not points:
+        return 0
+    _metric_points_upsert(run_id, points)
+    items = [
+        {"step": step, "values": {name: finite_or_none(value) for name, value in kept.items()}}
+        for step, kept in sorted(values_by_step.items())
+        if kept
+    ]
+    message = (
+        {"type": "run.metrics", **items[0]}
+        if len(items) == 1
+        else {"type": "run.metrics.batch", "steps": items}
+    )
+    if publish:
+        transaction.on_commit(lambda: _message_publish(run_id, message))
+    return len(points)
+
+
+def _metric_points_upsert(run_id: int, points: list[tuple[int, str, float]]) -> None:
+    """``points``: (step, name, value). One ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO
+    UPDATE``: three array parameters instead of four placeholders per row, so a 1,000-point batch is
+    one short statement (bench/load.py: about 2x ``bulk_create``). The table's constraints apply."""
+    table = MetricPoint._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (run_id, step, name, value) "
+            "SELECT %s, s, n, v FROM unnest(%s::integer[], %s::varchar[], %s::double precision[]) AS t(s, n, v) "
+            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value",
+            [run_id, [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]],
+        )
+
+
+def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping[str, Any]]) -> int:
+    """Store up to ``GRPO_COMPLETIONS_PER_STEP`` sampled completions of one step in one statement
+    (upsert on (run, step, index)) and publish ``{"type": "run.completions", "step", "items"}``."""
+    items = list(items)[: settings.GRPO_COMPLETIONS_PER_STEP]
+    rows = [
+        CompletionSample(
+            run_id=run_id,
+            step=step,
+            index=i,
+            prompt=_text(item.get("prompt")),
+            completion=_text(item.get("completion")),
+            reward=_float_or_none(item.get("reward")),
+            rewards={str(k): finite_or_none(float(v)) for k, v in (item.get("rewards") or {}).items()},
+            advantage=_float_or_none(item.get("advantage")),
+            group_id=_int_or_none(item.get("group_id")),
+            row_index=_int_or_none(item.get("row_index")),
+        )
+        for i, item in enumerate(items)
+    ]
+    if not rows:
+        return 0
+    CompletionSample.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["run", "step", "index"],
+        update_fields=["prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index"],
+    )
+    message = {
+        "type": "run.completions",
+        "step": step,
+        "items": [
+            {
+                "index": r.index,
+                "prompt": r.prompt[:MAX_PUBLISHED_TEXT_CHARS],
+                "completion": r.completion[:MAX_PUBLISHED_TEXT_CHARS],
+                # Long texts are cut in the live message; REST (/completions/) has them whole.
+                "truncated": max(len(r.prompt), len(r.completion)) > MAX_PUBLISHED_TEXT_CHARS,
+                "reward": finite_or_none(r.reward),
+                "rewards": r.rewards,
+                "advantage": finite_or_none(r.advantage),
+                "group_id": r.group_id,
+                "row_index": r.row_index,
+            }
+            for r in rows
+        ],
+    }
+    transaction.on_commit(lambda: _message_publish(run_id, message))
+    return len(rows)
+
+
+def checkpoint_record(*, run_id: int, step: int, path: str) -> Checkpoint:
+    """Record (or re-record, after a resume) the checkpoint the trainer saved at ``step``."""
+    checkpoint, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=step, defaults={"path": path})
+    _event_create(run_id, RunEventKind.INFO, f"checkpoint saved at step {step}: {path}")
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------- helpers
+def finite_or_none(value: float | None) -> float | None:
+    """JSON has no NaN/inf: the API and the websocket send those as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text.replace("\x00", "")  # Postgres text cannot hold NUL; a sampled byte token can be one
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
