@@ -75,12 +75,13 @@ def _make_run(user, *, metrics: int, steps: int):
     return run
 
 
-def _start_daphne(port: int) -> subprocess.Popen:
+def _start_daphne(port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     import urllib.request
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

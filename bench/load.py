@@ -6,7 +6,9 @@
 2. the metrics query of a run with ``--query-points`` points (default 100,000 = 50 metrics x 2,000
    steps): the selector alone and the whole HTTP request through daphne, both layouts;
 3. websocket delivery to ``--viewers`` concurrent viewers of one run (reuses bench/dashboard.py's
-   measurement).
+   measurement);
+4. database connections under concurrent requests: ``--requests`` (2,000) GETs of a run's metrics
+   from ``--clients`` (20) clients through daphne, with the most connections daphne held at once.
 
     .venv/bin/python bench/load.py [--ingest-s 60] [--writers 2] [--steps-per-batch 20]
 
@@ -32,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
-from bench.dashboard import _bench_latency, _free_port, _setup_django, _start_daphne  # noqa: E402
+from bench.dashboard import _bench_latency, _setup_django, _start_daphne  # noqa: E402
+from worker.processes import free_port  # noqa: E402
 
 METRICS_PER_STEP = 50
 
@@ -140,6 +143,75 @@ def bench_query(user, base: str, token: str, *, points: int) -> dict:
     }
 
 
+def connections_held(app_name: str) -> int:
+    """Postgres connections open now whose ``application_name`` is ``app_name`` (libpq's PGAPPNAME)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [app_name])
+        return int(cursor.fetchone()[0])
+
+
+def bench_connections(
+    base: str, path: str, token: str, *, requests: int, clients: int, app_name: str
+) -> dict:
+    """``requests`` GETs of ``path`` from ``clients`` concurrent clients (threads, keep-alive off);
+    status counts, latency p50/p95 and the most connections the server (``app_name``) held at once,
+    sampled every 20 ms while the load runs."""
+    from concurrent.futures import ThreadPoolExecutor
+    from urllib.error import HTTPError
+
+    from django.db import close_old_connections
+
+    statuses: dict[int, int] = {}
+    latencies: list[float] = []
+    lock = threading.Lock()
+    peak = [connections_held(app_name)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], connections_held(app_name))
+            done.wait(0.02)
+        close_old_connections()
+
+    def one(_: int) -> None:
+        request = urllib.request.Request(base + path, headers={"Authorization": f"Token {token}"})
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+                code = response.status
+        except HTTPError as exc:
+            code = exc.code
+        except OSError:
+            code = 599  # connection refused / reset: the server failed the client
+        with lock:
+            latencies.append(time.perf_counter() - started)
+            statuses[code] = statuses.get(code, 0) + 1
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    latencies.sort()
+    return {
+        "requests": requests,
+        "clients": clients,
+        "path": path,
+        "status_counts": {str(k): v for k, v in sorted(statuses.items())},
+        "server_errors": sum(v for k, v in statuses.items() if k >= 500),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
+        "p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 1),
+        "requests_per_s": round(requests / wall, 1),
+        "max_connections_held": peak[0],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -150,6 +222,8 @@ def main() -> None:
     parser.add_argument("--query-points", type=int, default=100_000)
     parser.add_argument("--viewers", type=int, default=50)
     parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=20)
     args = parser.parse_args()
 
     _setup_django()
@@ -161,10 +235,25 @@ def main() -> None:
     user_model.objects.filter(username="bench-load").delete()
     user = user_model.objects.create_user(username="bench-load")
     token = token_issue(username="bench-load")
-    port = _free_port()
-    daphne = _start_daphne(port)
+    port = free_port()
+    app_name = f"grpo-load-{os.getpid()}"
+    daphne = _start_daphne(port, env={"PGAPPNAME": app_name})
     base = f"http://127.0.0.1:{port}"
     try:
+        small = _run(user, "connections")
+        from controlplane.runs import ingest as run_ingest
+
+        run_ingest.metric_steps_ingest(
+            run_id=small.pk, steps=[(s, {"reward": s / 100}) for s in range(1, 201)]
+        )
+        connections = bench_connections(
+            base,
+            f"/api/v1/runs/{small.pk}/metrics/",
+            token,
+            requests=args.requests,
+            clients=args.clients,
+            app_name=app_name,
+        )
         ingest = bench_ingest(
             user, seconds=args.ingest_s, writers=args.writers, steps_per_batch=args.steps_per_batch
         )
@@ -178,6 +267,7 @@ def main() -> None:
     result = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "command": "python bench/load.py " + " ".join(sys.argv[1:]),
+        "connections": connections,
         "ingest": ingest,
         "metrics_query": query,
         "websocket_latency": latency,

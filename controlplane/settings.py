@@ -49,6 +49,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.core.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -56,6 +57,15 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Scripts from this origin only (no inline script anywhere; uPlot is vendored); inline styles allowed.
+GRPO_CONTENT_SECURITY_POLICY = os.environ.get(
+    "GRPO_CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+# A websocket frame from a client larger than this closes the socket with 1009 (message too big).
+GRPO_WS_MAX_FRAME_BYTES = int(os.environ.get("GRPO_WS_MAX_FRAME_BYTES", "65536"))
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -76,7 +86,15 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+# Persistent connections off by default (Django's advice under ASGI): daphne runs each request's sync
+# code in a worker thread, and with a max age every such thread kept its own connection (one daphne
+# held 71 and Postgres refused clients). Workers may raise it; 0 closes at each request's end.
+GRPO_DB_CONN_MAX_AGE = int(os.environ.get("GRPO_DB_CONN_MAX_AGE", "0"))
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=GRPO_DB_CONN_MAX_AGE, conn_health_checks=GRPO_DB_CONN_MAX_AGE > 0
+    )
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Shared by every web process (login failure counts must be, or a limit per process means nothing).
@@ -84,9 +102,15 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "grpo",
+        # Per deployment (the login limiter and the run-creation throttle count here); a test session
+        # takes its own, like GRPO_CHANNEL_PREFIX.
+        "KEY_PREFIX": os.environ.get("GRPO_CACHE_PREFIX", "grpo"),
     }
 }
+# Run creation (API and form): at most this many creations per user (DRF rate syntax, e.g. "30/min"),
+# and at most this many of a user's runs waiting as queued at once.
+GRPO_RUN_CREATE_RATE = os.environ.get("GRPO_RUN_CREATE_RATE", "30/min")
+GRPO_MAX_QUEUED_RUNS_PER_USER = int(os.environ.get("GRPO_MAX_QUEUED_RUNS_PER_USER", "20"))
 GRPO_LOGIN_MAX_FAILURES = int(os.environ.get("GRPO_LOGIN_MAX_FAILURES", "10"))
 GRPO_LOGIN_WINDOW_S = int(os.environ.get("GRPO_LOGIN_WINDOW_S", "300"))
 

@@ -2,7 +2,8 @@
 
 Everything of :mod:`controlplane.settings`, hardened: DEBUG off, a real SECRET_KEY required, cookies
 secure and HTTP-only where they can be, HSTS, HTTPS redirect (``SECURE_SSL_REDIRECT=false`` where a
-proxy already redirects), the proxy's ``X-Forwarded-Proto`` trusted. ``manage.py check --deploy``
+proxy already redirects), the proxy's ``X-Forwarded-Proto`` trusted, ``ALLOWED_HOSTS='*'`` refused,
+JSON-only API, the OpenAPI schema for logged-in users (``GRPO_PUBLIC_SCHEMA=true`` reopens it). ``manage.py check --deploy``
 is clean with these (tests/test_access.py runs it).
 """
 
@@ -13,7 +14,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.settings import *  # noqa: F403
-from controlplane.settings import env_bool
+from controlplane.settings import ALLOWED_HOSTS, REST_FRAMEWORK, SPECTACULAR_SETTINGS, env_bool
 
 DEBUG = False
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
@@ -34,3 +35,19 @@ SESSION_COOKIE_SECURE = True
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SECURE = True
 X_FRAME_OPTIONS = "DENY"
+
+# '*' would also make the websocket Origin check (controlplane/runs/ws_auth.py) accept any origin.
+if "*" in ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS: '*' is refused in production (it also opens the websocket Origin check); "
+        "list the host names the site is served under"
+    )
+
+# The API speaks JSON only (no browsable HTML API), and its schema is for logged-in users unless
+# GRPO_PUBLIC_SCHEMA=true.
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]}
+if not env_bool("GRPO_PUBLIC_SCHEMA", False):
+    SPECTACULAR_SETTINGS = {
+        **SPECTACULAR_SETTINGS,
+        "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    }

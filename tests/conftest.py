@@ -27,6 +27,8 @@ PYTHON = sys.executable
 # worker and trainer the tests start; this process's settings (already loaded by pytest-django) get
 # it before any channel layer is made.
 os.environ.setdefault("GRPO_CHANNEL_PREFIX", f"asgi-test-{os.getpid()}")
+# The same for the cache (login limiter, run-creation throttle: keyed by user ids another session reuses).
+os.environ.setdefault("GRPO_CACHE_PREFIX", f"grpo-test-{os.getpid()}")
 
 
 def _own_channel_prefix() -> None:
@@ -34,6 +36,7 @@ def _own_channel_prefix() -> None:
 
     settings.GRPO_CHANNEL_PREFIX = os.environ["GRPO_CHANNEL_PREFIX"]
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = settings.GRPO_CHANNEL_PREFIX
+    settings.CACHES["default"]["KEY_PREFIX"] = os.environ["GRPO_CACHE_PREFIX"]
 
 
 _own_channel_prefix()

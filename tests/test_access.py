@@ -188,6 +188,26 @@ def test_login_is_rate_limited_per_username_and_address(settings):
     assert other.post("/runs/login/", {"username": name, "password": "right-password"}).status_code == 302
 
 
+def test_admin_login_is_rate_limited_and_password_reset_is_off(settings, django_user_model):
+    settings.GRPO_LOGIN_MAX_FAILURES = 3
+    name = f"root-{uuid.uuid4().hex[:8]}"
+    django_user_model.objects.create_superuser(name, password="right-password")
+    browser = Client(REMOTE_ADDR=f"10.8.{secrets.randbelow(250)}.{secrets.randbelow(250)}")
+    for _ in range(3):
+        response = browser.post("/admin/login/", {"username": name, "password": "wrong"})
+        assert response.status_code == 200
+    blocked = browser.post("/admin/login/", {"username": name, "password": "right-password"})
+    assert blocked.status_code == 429 and int(blocked["Retry-After"]) > 0
+    assert "_auth_user_id" not in browser.session
+    # the admin's own login still works from another address, and its page still renders
+    other = Client(REMOTE_ADDR="10.201.0.1")
+    assert other.get("/admin/login/").status_code == 200
+    assert other.post("/admin/login/", {"username": name, "password": "right-password"}).status_code == 302
+    # no mail backend: the reset pages do not exist (an unthrottled mail cannon otherwise)
+    for path in ("/accounts/password_reset/", "/accounts/password_reset/done/", "/accounts/reset/x/y/"):
+        assert Client().get(path).status_code == 404, path
+
+
 def test_production_settings_pass_check_deploy_and_require_a_secret_key():
     env = {
         **os.environ,
@@ -209,6 +229,60 @@ def test_production_settings_pass_check_deploy_and_require_a_secret_key():
         [PYTHON, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0 and "SECRET_KEY" in result.stderr
+
+
+PRODUCTION_PROBE = """
+from django.test import Client
+c = Client(HTTP_HOST="localhost")
+schema = c.get("/api/v1/schema/")
+api = c.get("/api/v1/runs/", HTTP_ACCEPT="text/html")
+page = c.get("/runs/login/")
+print("schema", schema.status_code)
+print("api", api.status_code, api["Content-Type"])
+print("csp", page["Content-Security-Policy"])
+"""
+
+
+def test_production_closes_the_browsable_api_and_the_schema_and_refuses_any_host():
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings_production",
+        "SECRET_KEY": secrets.token_urlsafe(64),
+        "SECURE_SSL_REDIRECT": "false",
+    }
+
+    def probe(**extra) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, "manage.py", "shell", "-c", PRODUCTION_PROBE],
+            cwd=REPO,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    result = probe()
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines["schema"] in ("401", "403"), result.stdout  # logged-in users only
+    status, content_type = lines["api"].split(" ", 1)
+    # No HTML API: a browser's Accept gets JSON (406: HTML is not on offer), never the browsable page.
+    assert status in ("401", "406") and content_type.startswith("application/json"), lines["api"]
+    assert (
+        "script-src 'self'" in lines["csp"]
+        and "unsafe-inline" not in lines["csp"].split("script-src")[1].split(";")[0]
+    )
+    reopened = probe(GRPO_PUBLIC_SCHEMA="true")
+    assert "schema 200" in reopened.stdout, reopened.stdout + reopened.stderr
+    star = subprocess.run(
+        [PYTHON, "manage.py", "check"],
+        cwd=REPO,
+        env={**env, "ALLOWED_HOSTS": "*"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert star.returncode != 0 and "ALLOWED_HOSTS: '*' is refused" in star.stderr
 
 
 def test_plaintext_tokens_from_before_hashing_are_imported(django_db_blocker):

@@ -32,7 +32,7 @@ from rest_framework.test import APIClient
 
 from controlplane.asgi import application
 from controlplane.runs import ingest, services
-from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_TOO_BIG, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunEvent
 from controlplane.runs.serializers import SafeJSONParser
 from controlplane.runs.validation import run_document_validate
@@ -179,6 +179,12 @@ API_CREATE_CASES = [
     pytest.param({"config": with_(reward_funcs={"a": GOOD_REWARD})}, "reward_funcs", id="rewards-dict"),
     pytest.param({"config": with_(tools="trainer.builtin_tools.add")}, "tools", id="tools-string"),
     pytest.param({"config": with_(args=[1, 2])}, "args", id="args-list"),
+    # Falsy non-mappings were read as "no args" (201), then broke the supervisor at launch.
+    pytest.param({"config": with_(args=[])}, "args", id="args-empty-list"),
+    pytest.param({"config": with_(args=None)}, "args", id="args-null"),
+    pytest.param({"config": with_(args="")}, "args", id="args-empty-string"),
+    pytest.param({"config": with_(args=0)}, "args", id="args-zero"),
+    pytest.param({"config": with_(args=False)}, "args", id="args-false"),
     pytest.param({"config": good(model_init_kwargs=[1])}, "args.model_init_kwargs", id="kwargs-list"),
     # JSON null where a dict / value is expected
     pytest.param({"config": good(learning_rate=None)}, "args.learning_rate", id="lr-null"),
@@ -317,6 +323,7 @@ API_CREATE_CASES = [
     pytest.param({"config": "!!python/object/apply:os.system ['id']"}, "config", id="yaml-python-tag"),
     pytest.param({"config": yaml_bomb()}, "config", id="yaml-billion-laughs"),
     pytest.param({"config": "[" * 5000 + "]" * 5000}, "config", id="yaml-nested-5000"),
+    pytest.param({"config": "[" * 31900 + "]" * 31900}, "config", id="yaml-nested-31900"),
     pytest.param(
         {
             "config": "model: tiny\ntrain_dataset: arithmetic\nreward_funcs: [x.y]\nargs: {temperature: .nan}\n"
@@ -493,14 +500,14 @@ def test_api_garbage_page_size_falls_back_to_the_default():
 FORM_BASE = {"model": "tiny", "train_dataset": "arithmetic-small", "reward_funcs": [GOOD_REWARD]}
 # (id, overrides of FORM_BASE, form field the error sits on, text its message must contain)
 FORM_CASES = [
-    pytest.param({"num_generations": "1"}, "num_generations", "num_generations", id="num-gen-1"),
+    pytest.param({"num_generations": "1"}, "num_generations", "at least 2 completions", id="num-gen-1"),
     pytest.param({"num_generations": "two"}, "num_generations", "", id="num-gen-text"),
     pytest.param({"num_generations": "9" * 5000}, "num_generations", "", id="num-gen-5000-digits"),
-    pytest.param({"learning_rate": "-1"}, "learning_rate", "learning_rate", id="lr-negative"),
+    pytest.param({"learning_rate": "-1"}, "learning_rate", "must be in [0, 1]", id="lr-negative"),
     pytest.param({"learning_rate": "nan"}, "learning_rate", "", id="lr-nan"),
     pytest.param({"learning_rate": "inf"}, "learning_rate", "", id="lr-inf"),
-    pytest.param({"temperature": "0"}, "temperature", "temperature", id="temperature-0"),
-    pytest.param({"max_staleness": "-1"}, "max_staleness", "max_staleness", id="staleness-negative"),
+    pytest.param({"temperature": "0"}, "temperature", "must be in (0, 100]", id="temperature-0"),
+    pytest.param({"max_staleness": "-1"}, "max_staleness", "must be in [0, 10^6]", id="staleness-negative"),
     pytest.param({"max_steps": "9" * 40}, "max_steps", "range", id="max-steps-10e40"),
     pytest.param({"per_device_train_batch_size": "0"}, "per_device_train_batch_size", "", id="batch-size-0"),
     pytest.param({"model": "../../etc/passwd"}, "model", "", id="model-traversal"),
@@ -827,6 +834,30 @@ def test_websocket_malformed_client_frames_are_ignored(frame):
     run_async(scenario())
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "frame",
+    [{"text_data": "x" * (64 * 1024 + 1)}, {"bytes_data": b"\x00" * (64 * 1024 + 1)}],
+    ids=["text", "binary"],
+)
+def test_websocket_frame_over_the_limit_is_closed_with_1009(frame, settings):
+    settings.GRPO_WS_MAX_FRAME_BYTES = 64 * 1024
+    world = ws_world()
+
+    async def scenario():
+        comm = WebsocketCommunicator(
+            application, f"/ws/runs/{world['run']}/?token={world['token']}", headers=[LOCAL]
+        )
+        assert (await comm.connect(timeout=10))[0]
+        await comm.receive_json_from(timeout=10)  # the status snapshot
+        await comm.send_to(text_data="x" * 1000)  # under the limit: ignored (not JSON), socket stays
+        await comm.send_to(**frame)
+        closed = await comm.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": CLOSE_TOO_BIG}
+
+    run_async(scenario())
+
+
 # ------------------------------------------------------- property: validation never crashes
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig) if f.init}
 FIELD_NAMES = sorted(CONFIG_FIELDS)
@@ -956,3 +987,16 @@ def test_validation_of_random_documents_only_ever_raises_run_config_error(docume
             event(f"{layer}: refused, {where}")  # --hypothesis-show-statistics shows the mix
         else:
             event(f"{layer}: accepted")
+
+
+def test_deep_yaml_is_refused_while_it_is_read_not_after():
+    """The bound is on the parse itself: the flow-nesting scan (or the parser's event stream, for
+    block nesting) stops at the limit instead of building 32,000 levels first."""
+    from controlplane.runs.serializers import yaml_depth_error
+
+    assert yaml_depth_error("[" * 31900 + "]" * 31900) == "is nested deeper than 32 levels"
+    block = "".join(" " * i + f"k{i}:\n" for i in range(40)) + " " * 40 + "v\n"
+    assert yaml_depth_error(block) == "is nested deeper than 32 levels"
+    assert (
+        yaml_depth_error("model: tiny\nargs: {max_steps: 3, report_to: ['none']}\nname: \"[[[[\"\n") is None
+    )

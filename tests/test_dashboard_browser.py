@@ -32,6 +32,11 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        # The pages pass their Content-Security-Policy: a violation is reported on the console.
+        page.on(
+            "console",
+            lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+        )
         try:
             # Log in and start a run from the form.
             page.goto(web_server + "/runs/login/?next=/runs/new/")

@@ -61,6 +61,10 @@ def page(web_server, viewer):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.errors = []
         page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+        page.on(
+            "console",
+            lambda msg: page.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+        )
         page.goto(web_server + "/runs/login/?next=/runs/")
         page.fill("input[name=username]", "viewer")
         page.fill("input[name=password]", PASSWORD)

@@ -430,3 +430,33 @@ def test_control_plane_callback_writes_batches_and_survives_refused_writes(tmp_p
         (1, 0.5),
         (2, 0.75),
     ]
+
+
+@pytest.mark.django_db
+def test_run_creation_is_throttled_per_user_and_queued_runs_are_capped(settings):
+    settings.GRPO_RUN_CREATE_RATE = "3/min"
+    settings.GRPO_MAX_QUEUED_RUNS_PER_USER = 2
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token " + services.token_issue(username="eager"))
+    owner = get_user_model().objects.get(username="eager")
+    # Two queued runs (not launched: no worker here); the cap refuses a third before it exists.
+    for i in range(2):
+        services.run_create(owner=owner, name=f"queued {i}", config=good_config(), launch=False)
+    capped = client.post("/api/v1/runs/", {"config": good_config()}, format="json")
+    assert capped.status_code == 429 and "GRPO_MAX_QUEUED_RUNS_PER_USER" in capped.json()["detail"]
+    assert Run.objects.filter(owner=owner).count() == 2
+    # The rate counts every creation request (this is the 2nd and 3rd); the 4th within the minute waits.
+    for _ in range(2):
+        assert client.post("/api/v1/runs/", {"config": {"model": ""}}, format="json").status_code == 400
+    throttled = client.post("/api/v1/runs/", {"config": good_config()}, format="json")
+    assert throttled.status_code == 429 and int(throttled["Retry-After"]) > 0
+    # Another user is not throttled by this one, and reads are never throttled.
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION="Token " + services.token_issue(username="patient"))
+    assert other.post("/api/v1/runs/", {"config": {"model": ""}}, format="json").status_code == 400
+    assert client.get("/api/v1/runs/").status_code == 200
+    # The form honours both too.
+    web = Client()
+    web.force_login(owner)
+    page = web.post("/runs/new/", {"name": "x", "model": "tiny", "train_dataset": "arithmetic-small"})
+    assert page.status_code == 429 and "Too many runs created" in page.content.decode()

@@ -17,6 +17,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from trainer.config_ranges import FIELD_RANGES, range_errors
+
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
@@ -203,6 +205,12 @@ def _validate_ranges(args: AsyncGRPOConfig) -> None:
         value = getattr(args, f.name, None)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{f.name}={value}: must be a finite number")
+    # Every numeric field's range (trainer/config_ranges.py, the one table; run documents report
+    # these per field before the config is built).
+    out_of_range = range_errors({name: getattr(args, name, None) for name in FIELD_RANGES})
+    if out_of_range:
+        name, message = next(iter(out_of_range.items()))
+        raise ValueError(f"{name}={getattr(args, name)!r:.40}: {message.rsplit(', got', 1)[0]}")
     if not args.learning_rate >= 0:
         raise ValueError(f"learning_rate={args.learning_rate}: must be >= 0")
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from trainer.config_ranges import range_errors
 from trainer.resources import parse_resources, resources_errors
 
 TOP_LEVEL_KEYS = (
@@ -163,16 +164,24 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
             targets = peft.get("target_modules")
             if targets == "lm_head" or (isinstance(targets, list) and "lm_head" in targets):
                 errors["peft_config.target_modules"] = "adapters on lm_head are not supported; remove lm_head"
-    raw_args = doc.get("args") or {}
+    # A missing `args` is the spec's defaults; anything else that is not a mapping (null, [], "", 0,
+    # false) is refused rather than read as "no args".
+    raw_args = doc.get("args", {})
     config = None
     if not isinstance(raw_args, dict):
-        errors["args"] = "must be a mapping of AsyncGRPOConfig fields"
+        errors["args"] = (
+            f"must be a mapping of AsyncGRPOConfig fields (or left out), got {_short_repr(raw_args)}"
+        )
     else:
         allowed = config_field_names()
         unknown = [k for k in raw_args if k not in allowed]
         for key in unknown:
             errors[f"args.{key}"] = "unknown AsyncGRPOConfig field (see docs/config.md)"
-        for key, message in _type_errors(raw_args).items():
+        type_errors = _type_errors(raw_args)
+        for key, message in type_errors.items():
+            errors[f"args.{key}"] = message
+        checked = {k: v for k, v in raw_args.items() if isinstance(k, str) and k not in type_errors}
+        for key, message in range_errors(checked).items():
             errors[f"args.{key}"] = message
         if not any(k.startswith("args.") for k in errors):
             kwargs = dict(raw_args)

@@ -36,3 +36,29 @@ class RateLimitedLoginView(auth_views.LoginView):
         else:
             services.login_failure_record(username=username, ip=ip)
         return response
+
+
+def admin_login_view(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    """``/admin/login/`` under the same limit as the run pages' login (the admin's own view, wrapped):
+    a superuser's password is the most valuable one to guess."""
+    from django.contrib import admin
+
+    if request.method != "POST":
+        return admin.site.login(request, extra_context)
+    username = str(request.POST.get("username", ""))[:150]
+    ip = client_ip(request)
+    wait_s = services.login_blocked_for(username=username, ip=ip)
+    if wait_s:
+        response = HttpResponse(
+            f"Too many failed logins; try again in {wait_s // 60 or 1} minute(s).\n",
+            status=429,
+            content_type="text/plain",
+        )
+        response["Retry-After"] = str(wait_s)
+        return response
+    response = admin.site.login(request, extra_context)
+    if response.status_code == 302:
+        services.login_success_record(username=username, ip=ip)
+    else:
+        services.login_failure_record(username=username, ip=ip)
+    return response

@@ -7,12 +7,14 @@ Users see only their own runs (404 otherwise); staff see all.
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.runs import selectors, services
@@ -95,7 +97,19 @@ class RegistryDatasetApi(APIView):
             return Response({"detail": f"{name!r} {exc}"}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
 
 
+class RunCreateThrottle(UserRateThrottle):
+    """Run creations per user: ``GRPO_RUN_CREATE_RATE`` (read per request, so settings apply live)."""
+
+    scope = "run_create"
+
+    def get_rate(self) -> str:
+        return settings.GRPO_RUN_CREATE_RATE
+
+
 class RunListCreateApi(APIView):
+    def get_throttles(self):
+        return [RunCreateThrottle()] if self.request.method == "POST" else []
+
     @extend_schema(summary="List visible runs (newest first)", responses=RunListOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         services.runs_fail_stale()
@@ -134,6 +148,8 @@ class RunListCreateApi(APIView):
             raise ValidationError({"config": exc.errors}) from None
         except services.IdempotencyKeyReused as exc:
             return _conflict(exc)
+        except services.QueuedRunsLimit as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         response = Response(run_created_payload(run, request), status=status.HTTP_201_CREATED)
         if not created:
             response["Idempotent-Replayed"] = "true"

@@ -25,9 +25,11 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_BIG = 1009  # RFC 6455: a message too big to process
 
 
 def group_name(run_id: int) -> str:
@@ -73,7 +75,16 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
     ) -> None:
-        """Frames that are not JSON text (binary, garbage, nesting too deep) are ignored, not fatal."""
+        """Frames that are not JSON text (binary, garbage, nesting too deep) are ignored, not fatal; a
+        frame over ``GRPO_WS_MAX_FRAME_BYTES`` closes the socket with 1009 (message too big)."""
+        size = (
+            len(text_data.encode("utf-8", "surrogatepass"))
+            if text_data is not None
+            else len(bytes_data or b"")
+        )
+        if size > settings.GRPO_WS_MAX_FRAME_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
         if text_data is None:
             return
         try:

@@ -58,6 +58,10 @@ class IdempotencyKeyReused(RunStateError):
     """An ``Idempotency-Key`` already created a run with a different document."""
 
 
+class QueuedRunsLimit(RunStateError):
+    """The owner already has ``GRPO_MAX_QUEUED_RUNS_PER_USER`` runs waiting (the API answers 429)."""
+
+
 # ------------------------------------------------------------------------------------ creation
 def run_create(
     *, owner: Any, config: dict, name: str = "", idempotency_key: str = "", launch: bool = True
@@ -75,6 +79,12 @@ def run_create(
         if existing is not None:
             return _idempotent_replay(existing, digest), False
     run_document_validate(document=config)
+    queued = Run.objects.filter(owner=owner, status=RunStatus.QUEUED).count()
+    if queued >= settings.GRPO_MAX_QUEUED_RUNS_PER_USER:
+        raise QueuedRunsLimit(
+            f"you have {queued} queued runs (GRPO_MAX_QUEUED_RUNS_PER_USER = "
+            f"{settings.GRPO_MAX_QUEUED_RUNS_PER_USER}); stop some or wait for them to start"
+        )
     try:
         with transaction.atomic():
             run = Run.objects.create(

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.runs import presets, selectors, services
+from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
 from trainer.run_config import RunConfigError
 
@@ -32,7 +33,8 @@ def run_compare_view(request: HttpRequest) -> HttpResponse:
     fetches each run's series over REST."""
     # ?runs=3,5 (links) or ?run=3&run=5 (the run list's checkboxes)
     parts = request.GET.get("runs", "").split(",") + request.GET.getlist("run")
-    wanted = [int(part) for part in parts if part.strip().isdigit()]
+    # ASCII digits only, within a bigint (str.isdigit accepts '²', and int('²') raises).
+    wanted = [int(part) for part in (p.strip() for p in parts) if re.fullmatch(r"[0-9]{1,18}", part)]
     runs = list(selectors.run_list(user=request.user).filter(pk__in=wanted).order_by("pk"))
     return render(
         request,
@@ -53,13 +55,22 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
     posted = request.method == "POST"
     prefill = presets.RunFormPrefill(initial={}) if posted else _run_form_prefill(request)
     form = RunForm(request.POST or None, initial=prefill.initial)
-    if posted and form.is_valid():
+    status = 400
+    throttle = RunCreateThrottle()
+    if posted and not throttle.allow_request(request, None):
+        form.is_valid()  # keep what was typed, with its errors
+        form.add_error(None, f"Too many runs created; try again in {int(throttle.wait() or 1)} s.")
+        status = 429
+    elif posted and form.is_valid():
         try:
             run, _ = services.run_create(
                 owner=request.user, name=form.cleaned_data.get("name") or "", config=form.document()
             )
         except RunConfigError as exc:
             form.add_config_errors(exc.errors)
+        except services.QueuedRunsLimit as exc:
+            form.add_error(None, str(exc))
+            status = 429
         else:
             messages.success(request, f"Run {run.pk} queued.")
             return redirect("runs:detail", run_id=run.pk)
@@ -71,7 +82,7 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
         "vllm_servers": sorted(settings.GRPO_VLLM_SERVERS),
         "run_pools": settings.GRPO_RUN_POOLS,
     }
-    return render(request, "runs/run_form.html", context, status=400 if posted else 200)
+    return render(request, "runs/run_form.html", context, status=status if posted else 200)
 
 
 def _run_form_prefill(request: HttpRequest) -> presets.RunFormPrefill:
