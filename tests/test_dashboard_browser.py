@@ -68,7 +68,7 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             page.wait_for_selector(reward, timeout=600_000)
             first = int(page.get_attribute(reward, "data-points"))
             page.wait_for_function(
-                f"parseInt(document.querySelector('{reward}').dataset.points) >= {first + 2}",
+                f"() => parseInt(document.querySelector('{reward}').dataset.points) >= {first + 2}",
                 timeout=180_000,
             )
             assert page.locator(f"{reward} canvas").count() == 1
@@ -100,11 +100,11 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             page.once("dialog", lambda dialog: dialog.accept())
             page.click("#stop-button")
             page.wait_for_function(
-                "['stopping', 'stopped'].includes(document.querySelector('#run-status').textContent)",
+                "() => ['stopping', 'stopped'].includes(document.querySelector('#run-status').textContent)",
                 timeout=30_000,
             )
             page.wait_for_function(
-                "document.querySelector('#run-status').textContent === 'stopped'", timeout=120_000
+                "() => document.querySelector('#run-status').textContent === 'stopped'", timeout=120_000
             )
             assert page.is_visible("#resume-button")
             assert page.evaluate("window.__sameDocument") is True

@@ -105,7 +105,7 @@ def test_page_stays_connected_for_three_minutes_and_gets_every_step_once(tmp_pat
                     )
                 page.wait_for_timeout(GAPS_S[step % len(GAPS_S)] * 1000)
             page.wait_for_function(
-                f"document.querySelector('.chart[data-metric=\"reward\"]')?.dataset.points === '{step}'",
+                f"() => document.querySelector('.chart[data-metric=\"reward\"]')?.dataset.points === '{step}'",
                 timeout=15_000,
             )
             assert time.monotonic() - started >= 180
@@ -133,21 +133,21 @@ def test_reconnect_fetches_missed_steps_and_events_once(tmp_path):
             for step in (1, 2):
                 db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="before the drop")
-            page.wait_for_function("document.querySelectorAll('#events tr').length >= 1", timeout=10_000)
+            page.wait_for_function("() => document.querySelectorAll('#events tr').length >= 1", timeout=10_000)
         try:
             # The web is gone: what happens now reaches the database only.
-            page.wait_for_function("document.getElementById('conn').textContent.startsWith('reconnecting')")
+            page.wait_for_function("() => document.getElementById('conn').textContent.startsWith('reconnecting')")
             for step in (3, 4, 5):
                 db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="missed while down")
             with daphne_on_test_db(tmp_path / "daphne2.log", queue=queue, port=port):
                 page.wait_for_selector("#conn.live", timeout=30_000)
                 page.wait_for_function(
-                    "document.querySelector('.chart[data-metric=\"reward\"]')?.dataset.points === '5'",
+                    "() => document.querySelector('.chart[data-metric=\"reward\"]')?.dataset.points === '5'",
                     timeout=15_000,
                 )
                 page.wait_for_function(
-                    "[...document.querySelectorAll('#events pre')].some(p => p.textContent === 'missed while down')",
+                    "() => [...document.querySelectorAll('#events pre')].some(p => p.textContent === 'missed while down')",
                     timeout=15_000,
                 )
                 db(
@@ -157,7 +157,7 @@ def test_reconnect_fetches_missed_steps_and_events_once(tmp_path):
                     message="after the return",
                 )
                 page.wait_for_function(
-                    "[...document.querySelectorAll('#events pre')].some(p => p.textContent === 'after the return')",
+                    "() => [...document.querySelectorAll('#events pre')].some(p => p.textContent === 'after the return')",
                     timeout=15_000,
                 )
                 assert page.get_attribute("#run", "data-reconnects") == "1"

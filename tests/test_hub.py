@@ -209,7 +209,7 @@ def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_in
                     page.press(f"input[name={name}]", "Escape")
                     page.locator(f"input[name={name}]").blur()
                 page.wait_for_function(
-                    "document.getElementById('dataset-preview').dataset.columns === 'prompt,answer'"
+                    "() => document.getElementById('dataset-preview').dataset.columns === 'prompt,answer'"
                 )
                 page.uncheck("input[name=reward_funcs][value='trainer.rewards.accuracy_reward']")
                 page.check("input[name=reward_funcs][value='acme_grpo.rewards.exact_answer']")

@@ -149,7 +149,7 @@ def test_stop_asks_first_and_cancel_sends_nothing(queued_run, page, web_server):
 
     page.once("dialog", answer(True))
     page.click("#stop-button")
-    page.wait_for_function("document.querySelector('#run-status').textContent === 'stopped'", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#run-status').textContent === 'stopped'", timeout=30_000)
     assert len(dialogs) == 2 and posts == [f"{web_server}/api/v1/runs/{run_id}/stop/"]
     assert db_read(lambda: Run.objects.get(pk=run_id).status) == RunStatus.STOPPED
     assert not page.errors, page.errors
@@ -170,7 +170,7 @@ def test_choosing_a_dataset_previews_its_columns_and_rows(web_server, viewer):
             page.fill("input[name=train_dataset]", "arithmetic-small")
             page.dispatch_event("input[name=train_dataset]", "change")
             page.wait_for_function(
-                "document.getElementById('dataset-preview').dataset.columns === 'prompt,solution,level'"
+                "() => document.getElementById('dataset-preview').dataset.columns === 'prompt,solution,level'"
             )
             assert page.locator("#dataset-preview table tr").count() == 4  # header + 3 rows
             assert "256 rows" in page.text_content("#dataset-preview")
