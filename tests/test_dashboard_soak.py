@@ -133,10 +133,14 @@ def test_reconnect_fetches_missed_steps_and_events_once(tmp_path):
             for step in (1, 2):
                 db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="before the drop")
-            page.wait_for_function("() => document.querySelectorAll('#events tr').length >= 1", timeout=10_000)
+            page.wait_for_function(
+                "() => document.querySelectorAll('#events tr').length >= 1", timeout=10_000
+            )
         try:
             # The web is gone: what happens now reaches the database only.
-            page.wait_for_function("() => document.getElementById('conn').textContent.startsWith('reconnecting')")
+            page.wait_for_function(
+                "() => document.getElementById('conn').textContent.startsWith('reconnecting')"
+            )
             for step in (3, 4, 5):
                 db(ingest.metric_points_ingest, run_id=run.pk, step=step, values={"reward": 0.1 * step})
             db(services.run_event_create, run_id=run.pk, kind=RunEventKind.LOG, message="missed while down")

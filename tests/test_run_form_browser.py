@@ -149,7 +149,9 @@ def test_stop_asks_first_and_cancel_sends_nothing(queued_run, page, web_server):
 
     page.once("dialog", answer(True))
     page.click("#stop-button")
-    page.wait_for_function("() => document.querySelector('#run-status').textContent === 'stopped'", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('#run-status').textContent === 'stopped'", timeout=30_000
+    )
     assert len(dialogs) == 2 and posts == [f"{web_server}/api/v1/runs/{run_id}/stop/"]
     assert db_read(lambda: Run.objects.get(pk=run_id).status) == RunStatus.STOPPED
     assert not page.errors, page.errors
