@@ -224,7 +224,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument(
+        "--only",
+        choices=("connections", "ingest", "query", "websocket"),
+        default=None,
+        help="run one part; its result is merged into the results file (the others are kept)",
+    )
     args = parser.parse_args()
+    wanted = {args.only} if args.only else {"connections", "ingest", "query", "websocket"}
 
     _setup_django()
     from django.contrib.auth import get_user_model
@@ -239,40 +246,50 @@ def main() -> None:
     app_name = f"grpo-load-{os.getpid()}"
     daphne = _start_daphne(port, env={"PGAPPNAME": app_name})
     base = f"http://127.0.0.1:{port}"
+    parts: dict = {}
     try:
-        small = _run(user, "connections")
-        from controlplane.runs import ingest as run_ingest
+        if "connections" in wanted:
+            small = _run(user, "connections")
+            from controlplane.runs import ingest as run_ingest
 
-        run_ingest.metric_steps_ingest(
-            run_id=small.pk, steps=[(s, {"reward": s / 100}) for s in range(1, 201)]
-        )
-        connections = bench_connections(
-            base,
-            f"/api/v1/runs/{small.pk}/metrics/",
-            token,
-            requests=args.requests,
-            clients=args.clients,
-            app_name=app_name,
-        )
-        ingest = bench_ingest(
-            user, seconds=args.ingest_s, writers=args.writers, steps_per_batch=args.steps_per_batch
-        )
-        query = bench_query(user, base, token, points=args.query_points)
-        live = _run(user, "viewers")
-        latency = asyncio.run(_bench_latency(base, live.pk, token, args.viewers, args.messages, 10.0))
+            run_ingest.metric_steps_ingest(
+                run_id=small.pk, steps=[(s, {"reward": s / 100}) for s in range(1, 201)]
+            )
+            parts["connections"] = bench_connections(
+                base,
+                f"/api/v1/runs/{small.pk}/metrics/",
+                token,
+                requests=args.requests,
+                clients=args.clients,
+                app_name=app_name,
+            )
+        if "ingest" in wanted:
+            parts["ingest"] = bench_ingest(
+                user, seconds=args.ingest_s, writers=args.writers, steps_per_batch=args.steps_per_batch
+            )
+        if "query" in wanted:
+            parts["metrics_query"] = bench_query(user, base, token, points=args.query_points)
+        if "websocket" in wanted:
+            live = _run(user, "viewers")
+            parts["websocket_latency"] = asyncio.run(
+                _bench_latency(base, live.pk, token, args.viewers, args.messages, 10.0)
+            )
     finally:
         daphne.terminate()
         daphne.wait(timeout=10)
         user.delete()
-    result = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
-        "command": "python bench/load.py " + " ".join(sys.argv[1:]),
-        "connections": connections,
-        "ingest": ingest,
-        "metrics_query": query,
-        "websocket_latency": latency,
-    }
     out = REPO / "bench" / "results" / "load-cpu.json"
+    command = "python bench/load.py " + " ".join(sys.argv[1:])
+    for part in parts.values():
+        if isinstance(part, dict):
+            part["command"] = command
+    result = json.loads(out.read_text()) if args.only and out.exists() else {}
+    result.update(
+        {
+            "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+            **parts,
+        }
+    )
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
