@@ -70,15 +70,8 @@ class Resources:
 
     def explicit_gpus(self) -> int:
         """GPUs the document asks for by number (defaults excluded): what no worker may lack."""
-        vllm = 0
-        if self.server is None and (
-            self.vllm_gpus is not None or self.tensor_parallel_size * self.data_parallel_size > 1
-        ):
-            vllm = (
-                self.vllm_gpus
-                if self.vllm_gpus is not None
-                else self.tensor_parallel_size * self.data_parallel_size
-            )
+        asked_vllm = self.vllm_gpus is not None or self.tensor_parallel_size * self.data_parallel_size > 1
+        vllm = self.vllm_gpus_on(gpu_host=True) if asked_vllm else 0
         return vllm + (self.trainer_gpus or 0)
 
     def trainer_processes_on(self, *, gpu_host: bool) -> int:
@@ -132,14 +125,25 @@ def resources_errors(block: Any) -> dict[str, str]:
     return errors
 
 
+def _key_and_count_errors(
+    part: dict, name: str, allowed: tuple[str, ...], counts: tuple[str, ...]
+) -> dict[str, str]:
+    """Unknown keys of ``resources.<name>`` and its ``counts`` that are not integers >= 1."""
+    errors = {
+        f"resources.{name}.{key}": f"unknown key; allowed: {', '.join(allowed)}"
+        for key in part
+        if key not in allowed
+    }
+    for key in counts:
+        if key in part and not _positive_int(part[key]):
+            errors[f"resources.{name}.{key}"] = f"must be an integer >= 1, got {part[key]!r:.40}"
+    return errors
+
+
 def _vllm_errors(vllm: dict) -> dict[str, str]:
-    errors: dict[str, str] = {}
-    for key in vllm:
-        if key not in VLLM_KEYS:
-            errors[f"resources.vllm.{key}"] = f"unknown key; allowed: {', '.join(VLLM_KEYS)}"
-    for key in ("gpus", "tensor_parallel_size", "data_parallel_size"):
-        if key in vllm and not _positive_int(vllm[key]):
-            errors[f"resources.vllm.{key}"] = f"must be an integer >= 1, got {vllm[key]!r:.40}"
+    errors = _key_and_count_errors(
+        vllm, "vllm", VLLM_KEYS, ("gpus", "tensor_parallel_size", "data_parallel_size")
+    )
     if not errors and "gpus" in vllm:
         tp, dp = vllm.get("tensor_parallel_size", 1), vllm.get("data_parallel_size", 1)
         if tp * dp != vllm["gpus"]:
@@ -159,13 +163,7 @@ def _vllm_errors(vllm: dict) -> dict[str, str]:
 
 
 def _trainer_errors(trainer: dict) -> dict[str, str]:
-    errors: dict[str, str] = {}
-    for key in trainer:
-        if key not in TRAINER_KEYS:
-            errors[f"resources.trainer.{key}"] = f"unknown key; allowed: {', '.join(TRAINER_KEYS)}"
-    for key in TRAINER_KEYS:
-        if key in trainer and not _positive_int(trainer[key]):
-            errors[f"resources.trainer.{key}"] = f"must be an integer >= 1, got {trainer[key]!r:.40}"
+    errors = _key_and_count_errors(trainer, "trainer", TRAINER_KEYS, TRAINER_KEYS)
     if "gpus" in trainer and "processes" in trainer:
         errors["resources.trainer"] = (
             "give gpus (a GPU worker: one process per GPU) or processes (a CPU worker), not both"

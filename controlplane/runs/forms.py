@@ -59,6 +59,20 @@ def document_errors(*, document: dict) -> dict[str, str]:
     return errors
 
 
+def _json_object(text: str | None, *, example: str) -> dict:
+    """A field's JSON object text as a dict (empty text: ``{}``); errors show ``example``."""
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise forms.ValidationError(f"not valid JSON; e.g. {example}") from None
+    if not isinstance(value, dict):
+        raise forms.ValidationError(f"must be a JSON object, e.g. {example}")
+    return value
+
+
 def _registry_choices(kind: str) -> list[tuple[str, str]]:
     """``(name, label)`` of every working entry of ``kind``; the label has the first docstring line,
     the origin and, for rewards, the dataset columns read."""
@@ -146,28 +160,10 @@ class RunForm(forms.Form):
         return MAIN_ARGS
 
     def clean_dataset_columns(self) -> dict:
-        text = (self.cleaned_data.get("dataset_columns") or "").strip()
-        if not text:
-            return {}
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            raise forms.ValidationError('not valid JSON; e.g. {"question": "prompt"}') from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError('must be a JSON object, e.g. {"question": "prompt"}')
-        return value
+        return _json_object(self.cleaned_data.get("dataset_columns"), example='{"question": "prompt"}')
 
     def clean_resources(self) -> dict:
-        text = (self.cleaned_data.get("resources") or "").strip()
-        if not text:
-            return {}
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            raise forms.ValidationError('not valid JSON; e.g. {"trainer": {"gpus": 2}}') from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError('must be a JSON object, e.g. {"trainer": {"gpus": 2}}')
-        return value
+        return _json_object(self.cleaned_data.get("resources"), example='{"trainer": {"gpus": 2}}')
 
     def clean_advanced(self) -> dict:
         text = (self.cleaned_data.get("advanced") or "").strip()

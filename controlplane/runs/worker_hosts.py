@@ -35,7 +35,7 @@ def worker_host_unregister(*, name: str) -> None:
 
 
 def _pool_workers(pool: str) -> list[WorkerHost]:
-    return [w for w in WorkerHost.objects.all() if pool in (w.queues or [])]
+    return list(WorkerHost.objects.filter(queues__contains=[pool]))
 
 
 def pool_max_gpus(*, pool: str) -> int | None:
