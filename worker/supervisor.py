@@ -63,6 +63,7 @@ TAIL_LINES = 40
 # vLLM flags for registered models (the tiny model's context and dtype, measured in NOTES.md).
 MODEL_SERVER_FLAGS = {"tiny": ["--max-model-len", "1024"]}
 T = TypeVar("T")
+DEFERRED = object()  # a control-plane write the database refused; tried again on a later poll
 
 
 class AttemptEnded(Exception):
@@ -275,7 +276,6 @@ class RunSupervisor:
             ranks = json.loads((self.out / RANKS_FILE).read_text())
         except (OSError, ValueError):
             return
-        self._ranks_recorded = True
         self.placement.setdefault("trainer", {})["ranks"] = ranks
         described = "; ".join(
             f"rank {r.get('rank')}: {r.get('device')}"
@@ -283,9 +283,13 @@ class RunSupervisor:
             + f", pid {r.get('pid')} on {r.get('host')}"
             for r in ranks
         )
-        services.run_placement_record(
-            run_id=self.run_id, placement=self.placement, message=f"trainer ranks: {described}"
+        recorded = self._through_db_blips(
+            lambda: services.run_placement_record(
+                run_id=self.run_id, placement=self.placement, message=f"trainer ranks: {described}"
+            ),
+            what="recording the trainer's ranks",
         )
+        self._ranks_recorded = recorded is not DEFERRED  # else tried again on the next poll
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + settings.GRPO_VLLM_START_TIMEOUT_S
@@ -369,13 +373,12 @@ class RunSupervisor:
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + settings.GRPO_RUN_HEARTBEAT_S
-            try:
-                status = services.run_heartbeat(run_id=self.run_id)
-            except DatabaseError:
-                # A database blip must not end a training run: keep the processes, reconnect next
-                # beat. Past GRPO_RUN_STALE_AFTER_S the run is failed as stale and we learn it here.
-                logger.warning("run %s: heartbeat failed; retrying", self.run_id, exc_info=True)
-                close_old_connections()
+            # Past GRPO_RUN_STALE_AFTER_S without a beat the run is failed as stale and we learn
+            # it here (status None) once the database is back.
+            status = self._through_db_blips(
+                lambda: services.run_heartbeat(run_id=self.run_id), what="heartbeat"
+            )
+            if status is DEFERRED:
                 return
             if status is None:
                 raise RunLost()
@@ -422,12 +425,30 @@ class RunSupervisor:
                 new = fh.read()
         except OSError:
             return
-        self._log_offset += len(new)
         lines = [line for line in new.decode("utf-8", "replace").splitlines() if line.strip()]
         if lines:
-            services.run_event_create(
-                run_id=self.run_id, kind=RunEventKind.LOG, message="\n".join(lines[-20:])
+            written = self._through_db_blips(
+                lambda: services.run_event_create(
+                    run_id=self.run_id, kind=RunEventKind.LOG, message="\n".join(lines[-20:])
+                ),
+                what="the trainer log's event",
             )
+            if written is DEFERRED:
+                return  # the same lines (and any newer) go with the next event
+        self._log_offset += len(new)
+
+    def _through_db_blips(self, write: Callable[[], T], *, what: str) -> T | object:
+        """``write()``'s result, or ``DEFERRED`` when the database refused it (restarting, or this
+        process's connection died with it): while the trainer runs, a Postgres restart must not end
+        the attempt. The broken connection is dropped so the next try reconnects."""
+        try:
+            return write()
+        except DatabaseError:
+            logger.warning(
+                "run %s: %s failed (database unreachable); retrying", self.run_id, what, exc_info=True
+            )
+            close_old_connections()
+            return DEFERRED
 
     def _stop_processes(self) -> tuple[int | None, int | None]:
         """End both process groups at once (SIGTERM, SIGKILL after the grace period)."""
