@@ -13,9 +13,11 @@ micro-batch, multiplied by the number of processes because FSDP averages gradien
    embedding/head group, the root), each rank forwards and backpropagates its own row only, and every
    gradient is gathered (``DTensor.full_tensor()``) and compared with the single-device one: max
    absolute difference and ``||g_fsdp - g_ref|| / ||g_ref||`` per parameter, and the loss summed
-   over ranks against the single-device loss. Both sides run the model's own LM head and the SDPA
-   tree backend (exact; an fp32 FlexAttention compile would cost minutes), so they differ only in
-   sharding and gradient reduction. Two cases: a full micro-batch from the sample stream (rows of
+   over ranks against the single-device loss. The single device runs the model's own LM head (the
+   reference), FSDP2 the trainer's choice (``--head fused``: fused with the loss, on FSDP2's gathered
+   head weight); both the SDPA tree backend (exact; an fp32 FlexAttention compile would cost
+   minutes). ``lm_head`` records the head of each side (FSDP2: per rank, None for an empty row).
+   Two cases: a full micro-batch from the sample stream (rows of
    ``--check-token-budget``), and a starved flush that leaves a rank with an empty row (that rank
    runs a dummy one-token forward: FSDP2 gathers each layer's shards inside the layer's forward, so
    a rank that skips the forward leaves the others waiting in the all-gather).
@@ -26,13 +28,20 @@ micro-batch, multiplied by the number of processes because FSDP averages gradien
    numbers are the baseline) against N devices with FSDP2 (each rank its row; a step's time is the
    slowest rank's). ``--steps`` distinct micro-batches are run once untimed (compilation of every
    FlexAttention length bucket) and once timed; medians over the timed steps. ``scaling`` =
-   tokens/s on N devices / tokens/s on one. With ``--head fused`` (the trainer's choice) the single
-   device fuses the LM head with the loss where :func:`trainer.fused_head.fused_head_weight` allows,
-   which it refuses for FSDP2's sharded head; a second single-device run with the model's own head
-   gives the scaling of identical computation (``scaling_same_head``).
+   tokens/s on N devices / tokens/s on one. With ``--head fused`` (the trainer's choice) both sides
+   fuse the LM head with the loss where :func:`trainer.fused_head.fused_lm_head` allows (``lm_head``
+   of each record); should FSDP2 end up on the model's head, a second single-device run with that
+   head gives the scaling of identical computation (``scaling_same_head``).
 3. ``batch/row_imbalance`` (max / mean attention cost of a micro-batch's rows, the trainer's
    :func:`trainer.packing.batch_metrics`, reduced by the trainer's :class:`trainer.metrics.MetricWindow`)
    and the other ``batch/*`` values of every step are logged.
+
+``--check-fused-head`` (one process) runs only :func:`fused_head_check`: the FSDP2-wrapped model's
+step with the fused head against the same model unwrapped, fused and with the model's own head
+(losses and every gradient, ``fused_head_check`` in the JSON)::
+
+    python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m bench.fsdp \
+        --check-fused-head --check-shape qwen3-0.6b --out bench/results/fsdp-fused-head-h200.json
 
 Launch (the same command on CPU/gloo and CUDA/NCCL; run from the repository root with the
 interpreter that holds torch, ``python3`` on the GPU machines)::
@@ -88,7 +97,7 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, In
 
 from bench.packing import NUM_TOP_LOGPROBS, SHAPES, WORKLOADS, Workload, build_model, make_group, time_steps
 from trainer.attention import tree_forward_kwargs, use_tree_attention
-from trainer.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.fused_head import HeadChoice, fused_lm_head, prime_fused_head
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
 from trainer.modeling import empty_row_loss
@@ -195,8 +204,7 @@ def row_loss(
     """
     row = row.to(device)
     keep, logit_rows = row.logits_to_keep()
-    weight = fused_head_weight(model, device) if head == "fused" else None  # None under FSDP2
-    with lm_head_bypassed(model) if weight is not None else nullcontext():
+    with fused_lm_head(model, device) if head == "fused" else nullcontext(HeadChoice()) as used:
         outputs = model(**tree_forward_kwargs(row, device, backend=backend), logits_to_keep=keep)
     out = packed_row_loss(
         outputs.logits,
@@ -204,9 +212,16 @@ def row_loss(
         config=loss_config,
         num_trained_tokens=max(float(global_trained_tokens), 1.0),
         logit_rows=logit_rows,
-        lm_head_weight=weight,
+        lm_head_weight=used.weight,
     )
-    return out.loss * num_processes, out.loss.detach(), "fused" if weight is not None else "model"
+    return out.loss * num_processes, out.loss.detach(), used.name
+
+
+def head_summary(heads: list[str | None]) -> str:
+    """One label for the heads several rows ran (None: an empty row, no head): ``fused``, ``model``,
+    ``mixed`` or ``none``."""
+    ran = {h for h in heads if h is not None}
+    return ran.pop() if len(ran) == 1 else ("mixed" if ran else "none")
 
 
 def single_device_step(
@@ -220,10 +235,11 @@ def single_device_step(
     """Forward + backward of every row of ``step`` on one device, gradients accumulated.
 
     Each row's loss is divided by the micro-batch's trained tokens, so the accumulated gradient is
-    the spec's sum over the whole step. Returns the summed loss (detached) and the head used.
+    the spec's sum over the whole step. Returns the summed loss (detached) and the head used
+    (:func:`head_summary` of the rows').
     """
     total = torch.zeros((), device=device)
-    used = "model"
+    heads: list[str | None] = []
     for row in step.rows:
         if row is None:
             continue
@@ -239,7 +255,8 @@ def single_device_step(
         )
         loss.backward()
         total = total + value
-    return total, used
+        heads.append(used)
+    return total, head_summary(heads)
 
 
 def fsdp_step(
@@ -249,14 +266,14 @@ def fsdp_step(
     loss_config: LossConfig,
     backend: str,
     head: str,
-) -> tuple[torch.Tensor, str]:
+) -> tuple[torch.Tensor, str | None]:
     """This rank's row of ``step`` forward + backward through the FSDP2 model (a dummy forward when the
-    row is empty). Returns this rank's unscaled loss (detached) and the head used."""
+    row is empty). Returns this rank's unscaled loss (detached) and the head used (None: empty row)."""
     device = compute_device(accelerator)
     row = step.rows[accelerator.process_index]
     if row is None:
         accelerator.backward(empty_row_loss(model, device))
-        return torch.zeros((), device=device), "model"
+        return torch.zeros((), device=device), None
     loss, value, used = row_loss(
         model,
         row,
@@ -369,30 +386,39 @@ def gradient_copies(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return grads
 
 
+def gradient_diff(name: str, grad: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    """``{"name", "numel", "ref_norm", "max_abs_diff", "rel_norm_diff"}`` of one parameter's gradient
+    against its reference (``rel_norm_diff`` = ``||grad - ref|| / ||ref||``, fp32)."""
+    diff = grad.detach().float() - ref
+    ref_norm = float(ref.norm())
+    return {
+        "name": name,
+        "numel": ref.numel(),
+        "ref_norm": ref_norm,
+        "max_abs_diff": float(diff.abs().max()),
+        "rel_norm_diff": float(diff.norm()) / max(ref_norm, 1e-30),
+    }
+
+
 def compare_gradients(model: torch.nn.Module, reference: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """Per parameter: the FSDP2 gradient, gathered, against the single-device one.
+    """Per parameter: the FSDP2 gradient, gathered, against the single-device one (:func:`gradient_diff`).
 
     ``full_tensor()`` is a collective; every rank walks the parameters in the same order.
-    Returns ``[{"name", "numel", "ref_norm", "max_abs_diff", "rel_norm_diff"}]``.
     """
     out = []
     for name, param in model.named_parameters():
         if param.grad is None:
             raise RuntimeError(f"{name}: no gradient after the FSDP2 step")
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
-        ref = reference[name]
-        diff = grad.detach().float() - ref
-        ref_norm = float(ref.norm())
-        out.append(
-            {
-                "name": name,
-                "numel": ref.numel(),
-                "ref_norm": ref_norm,
-                "max_abs_diff": float(diff.abs().max()),
-                "rel_norm_diff": float(diff.norm()) / max(ref_norm, 1e-30),
-            }
-        )
+        out.append(gradient_diff(name, grad, reference[name]))
     return out
+
+
+def gathered_heads(head: str | None) -> list[str | None]:
+    """Every rank's head (None: an empty row), indexed by rank (a collective)."""
+    heads: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(heads, head)
+    return heads
 
 
 def check_case(
@@ -405,14 +431,19 @@ def check_case(
     use_tree_attention(model)
     same_weights_on_all_ranks(model, device)
     reference_model = copy.deepcopy(model)
-    # Single device: the whole micro-batch on this rank's device, no process group involved. The
-    # model's own head on both sides, so the two runs differ only in sharding and reduction.
-    ref_loss, _ = single_device_step(reference_model, step, device, loss_config, args.check_backend, "model")
+    # Single device: the whole micro-batch on this rank's device, no process group involved, with
+    # the model's own head: the reference for the trainer's FSDP2 step, sharded and (``--head fused``)
+    # with the head fused with the loss.
+    ref_loss, ref_head = single_device_step(
+        reference_model, step, device, loss_config, args.check_backend, "model"
+    )
     reference = gradient_copies(reference_model)
     del reference_model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # accelerate's FSDP2 prepare wants one
     model, optimizer = accelerator.prepare(model, optimizer)
-    local_loss, _ = fsdp_step(accelerator, model, step, loss_config, args.check_backend, "model")
+    prime_fused_head(model, device)  # every rank: the step's forward may then fuse the head
+    local_loss, head = fsdp_step(accelerator, model, step, loss_config, args.check_backend, args.head)
+    heads = gathered_heads(head)
     total = local_loss.detach().clone()
     dist.all_reduce(total)
     params = compare_gradients(model, reference)
@@ -434,6 +465,7 @@ def check_case(
         ],
         "global_trained_tokens": step.global_trained_tokens,
         "batch/row_imbalance": step.logged.get("batch/row_imbalance"),
+        "lm_head": {"single_device": ref_head, "fsdp2": heads},  # fsdp2: per rank, None = empty row
         "loss_fsdp_sum_over_ranks": fsdp_loss,
         "loss_single_device": ref,
         "loss_abs_diff": abs(fsdp_loss - ref),
@@ -446,6 +478,107 @@ def check_case(
         "passed": grad_ok and loss_ok,
         "wall_s": time.perf_counter() - started,
         "params": params,
+    }
+
+
+def comparison(
+    name: str, loss: float, ref_loss: float, params: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """A loss and its per-parameter gradient diffs (:func:`gradient_diff`) against a reference,
+    judged with ``--loss-rtol`` / ``--grad-rtol``."""
+    loss_rel = abs(loss - ref_loss) / max(abs(ref_loss), 1e-30)
+    worst = max(params, key=lambda p: p["rel_norm_diff"])
+    passed = loss_rel <= args.loss_rtol and all(p["rel_norm_diff"] <= args.grad_rtol for p in params)
+    return {
+        "comparison": name,
+        "loss": loss,
+        "loss_reference": ref_loss,
+        "loss_rel_diff": loss_rel,
+        "grad_max_rel_norm_diff": worst["rel_norm_diff"],
+        "grad_worst_param": worst["name"],
+        "grad_max_abs_diff": max(p["max_abs_diff"] for p in params),
+        "passed": passed,
+        "params": params,
+    }
+
+
+def fused_head_check(
+    accelerator: Accelerator, args: argparse.Namespace, loss_config: LossConfig, workload: Workload
+) -> dict[str, Any]:
+    """One process: the FSDP2-wrapped model's step with the fused head against the same model
+    unwrapped, with the fused head and with the model's own head.
+
+    Same weights (``--check-shape`` in ``--check-dtype``) and one row of ``--check-token-budget``.
+    Compares the losses and every parameter's gradient (tied embedding included): ``fsdp2_fused``
+    vs ``unwrapped_fused`` (the same arithmetic: only FSDP2's gather and reduce-scatter differ),
+    ``fsdp2_fused`` vs ``unwrapped_model`` (the reference), and ``unwrapped_fused`` vs
+    ``unwrapped_model`` (the fused head alone).
+    """
+    if accelerator.num_processes != 1:
+        raise SystemExit("--check-fused-head runs on one process: --nproc_per_node 1")
+    device = compute_device(accelerator)
+    started = time.perf_counter()
+    budget = args.check_token_budget
+    vocab = SHAPES[args.check_shape]["vocab_size"]
+    step = step_data(stream_micro_batches(workload, vocab, budget, 1, 1, args.seed)[0], budget)
+    model = build_model(args.check_shape, device).to(getattr(torch, args.check_dtype))
+    use_tree_attention(model)
+    unwrapped = copy.deepcopy(model)
+    losses: dict[str, float] = {}
+    heads: dict[str, str | None] = {}
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+    for head in ("fused", "model"):
+        loss, heads[f"unwrapped_{head}"] = single_device_step(
+            unwrapped, step, device, loss_config, args.check_backend, head
+        )
+        losses[f"unwrapped_{head}"] = float(loss)
+        grads[head] = gradient_copies(unwrapped)
+        unwrapped.zero_grad(set_to_none=True)
+    del unwrapped
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # accelerate's FSDP2 prepare wants one
+    model, optimizer = accelerator.prepare(model, optimizer)
+    prime_fused_head(model, device)
+    loss, heads["fsdp2_fused"] = fsdp_step(accelerator, model, step, loss_config, args.check_backend, "fused")
+    losses["fsdp2_fused"] = float(loss)
+    comparisons = [
+        comparison(
+            f"fsdp2_fused_vs_unwrapped_{head}",
+            losses["fsdp2_fused"],
+            losses[f"unwrapped_{head}"],
+            compare_gradients(model, grads[head]),
+            args,
+        )
+        for head in ("fused", "model")
+    ]
+    fused_alone = [gradient_diff(name, g, grads["model"][name]) for name, g in grads["fused"].items()]
+    comparisons.append(
+        comparison(
+            "unwrapped_fused_vs_unwrapped_model",
+            losses["unwrapped_fused"],
+            losses["unwrapped_model"],
+            fused_alone,
+            args,
+        )
+    )
+    del model, optimizer, grads
+    release(accelerator, device)
+    row = step.rows[0]
+    return {
+        "shape": args.check_shape,
+        "dtype": args.check_dtype,
+        "tree_backend": args.check_backend,
+        "world_size": accelerator.num_processes,
+        "row": {"tokens": row.num_tokens, "trained_tokens": row.num_trained_tokens},
+        "lm_head": heads,
+        "loss": losses,
+        "grad_rtol": args.grad_rtol,
+        "loss_rtol": args.loss_rtol,
+        # the fused head really ran under FSDP2, and every comparison is within tolerance
+        "passed": heads["fsdp2_fused"] == "fused"
+        and heads["unwrapped_fused"] == "fused"
+        and all(c["passed"] for c in comparisons),
+        "comparisons": comparisons,
+        "wall_s": time.perf_counter() - started,
     }
 
 
@@ -474,17 +607,17 @@ def step_flops(config, rows: list[PackedRow | None]) -> float | None:
 
 
 def time_config(
-    run_step: Callable[[StepData], tuple[torch.Tensor, str]],
+    run_step: Callable[[StepData], tuple[torch.Tensor, str | None]],
     optimizer: torch.optim.Optimizer,
     steps: list[StepData],
     device: torch.device,
 ) -> tuple[dict[str, Any], list[float], str]:
     """Each of ``steps`` once untimed (compiles every length bucket) then once timed, with
     :func:`bench.packing.time_steps`. Returns its timings, every step's loss (untimed pass first)
-    and the head used."""
+    and the head the timed steps used (:func:`head_summary`)."""
     order = itertools.cycle(steps)
     losses: list[torch.Tensor] = []
-    heads: list[str] = []
+    heads: list[str | None] = []
 
     def step() -> None:
         loss, head = run_step(next(order))
@@ -492,7 +625,7 @@ def time_config(
         heads.append(head)
 
     timing = time_steps(step, optimizer, device, warmup=len(steps), steps=len(steps))
-    return timing, [float(v) for v in losses], heads[-1]
+    return timing, [float(v) for v in losses], head_summary(heads[len(steps) :])
 
 
 def throughput_record(
@@ -616,12 +749,14 @@ def fsdp_throughput(
     same_weights_on_all_ranks(model, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)  # the trainer's adamw_torch_fused
     model, optimizer = accelerator.prepare(model, optimizer)
+    prime_fused_head(model, device)  # the trainer's first step runs the model's head instead
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run = functools.partial(
         fsdp_step, accelerator, model, loss_config=loss_config, backend=backend, head=head
     )
     timing, losses, used = time_config(run, optimizer, steps, device)
+    used = head_summary(gathered_heads(used))  # the same label on every rank
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else -1.0
     config = model.config
     del model, optimizer, run
@@ -731,8 +866,23 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def fused_head_table(check: dict[str, Any]) -> str:
+    """The one-process fused-head check (:func:`fused_head_check`) as a short Markdown table."""
+    lines = [f"fused head under FSDP2, {check['shape']} {check['dtype']}, heads {check['lm_head']}:", ""]
+    lines.append("| comparison | loss rel diff | max grad rel-norm diff | max abs diff | ok |")
+    lines.append("|---|---|---|---|---|")
+    for c in check["comparisons"]:
+        lines.append(
+            f"| {c['comparison']} | {c['loss_rel_diff']:.2e} | {c['grad_max_rel_norm_diff']:.2e} "
+            f"({c['grad_worst_param']}) | {c['grad_max_abs_diff']:.2e} | {'yes' if c['passed'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def summary_table(report: dict[str, Any]) -> str:
     """Correctness, row imbalance and throughput as short Markdown tables."""
+    if "fused_head_check" in report:
+        return fused_head_table(report["fused_head_check"])
     lines = ["| check | rows (tokens) | loss FSDP2 / 1 device | max grad rel-norm diff | max abs diff | ok |"]
     lines.append("|---|---|---|---|---|---|")
     for c in report["correctness"]:
@@ -807,6 +957,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loss-rtol", type=float, default=1e-5)
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument(
+        "--check-fused-head",
+        action="store_true",
+        help="only this check, on one process: the FSDP2 step with the fused head against the unwrapped "
+        "model (fused and model head); --check-shape, --check-dtype, tolerances --loss-rtol/--grad-rtol",
+    )
+    parser.add_argument("--check-dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
         "--allow-one-process",
         action="store_true",
         help="smoke-run the CUDA path on one GPU (FSDP2 over one rank; the scaling is then meaningless)",
@@ -841,6 +998,18 @@ def run(args: argparse.Namespace, accelerator: Accelerator, report: dict[str, An
     def say(text: str) -> None:
         if is_main:
             print(f"[{time.perf_counter() - started:6.1f}s] {text}", flush=True)
+
+    if args.check_fused_head:
+        result = fused_head_check(accelerator, args, loss_config, workload)
+        report["fused_head_check"] = result
+        write(report, args.out, is_main)
+        for c in result["comparisons"]:
+            say(
+                f"{c['comparison']}: loss rel {c['loss_rel_diff']:.1e}, grad max rel-norm diff "
+                f"{c['grad_max_rel_norm_diff']:.2e} ({c['grad_worst_param']}) -> {'ok' if c['passed'] else 'OUT'}"
+            )
+        say(f"heads {result['lm_head']}: {'passed' if result['passed'] else 'FAILED'}")
+        return 0 if result["passed"] else 2
 
     # ---- correctness (fp32)
     status = 0
@@ -926,16 +1095,7 @@ def run(args: argparse.Namespace, accelerator: Accelerator, report: dict[str, An
         if backend is None:
             say(f"{shape}: single-device baseline failed with every backend; FSDP2 run skipped")
             continue
-        if report["throughput"][-1]["lm_head"] == "fused":  # FSDP2 runs the model's head: same work
-            try:
-                record = single_device_throughput(accelerator, shape, steps, loss_config, backend, "model")
-            except RuntimeError as exc:
-                report["errors"].append(
-                    {"shape": shape, "mode": "single_device", "lm_head": "model", "error": str(exc)}
-                )
-            else:
-                report["throughput"].append(record)
-                say(f"{shape} 1 device (model head, {backend}): {record['trained_tokens_per_s']:.0f} tok/s")
+        single_head = report["throughput"][-1]["lm_head"]
         write(report, args.out, is_main)
         try:
             record = fsdp_throughput(accelerator, shape, steps, loss_config, backend, args.head)
@@ -944,6 +1104,19 @@ def run(args: argparse.Namespace, accelerator: Accelerator, report: dict[str, An
             write(report, args.out, is_main)
             raise
         report["throughput"].append(record)
+        fsdp_head = record["lm_head"]  # the same on every rank (gathered)
+        if fsdp_head != single_head and fsdp_head in ("fused", "model"):  # the same work on one device
+            try:
+                same = single_device_throughput(accelerator, shape, steps, loss_config, backend, fsdp_head)
+            except RuntimeError as exc:
+                report["errors"].append(
+                    {"shape": shape, "mode": "single_device", "lm_head": fsdp_head, "error": str(exc)}
+                )
+            else:
+                report["throughput"].append(same)
+                say(
+                    f"{shape} 1 device ({fsdp_head} head, {backend}): {same['trained_tokens_per_s']:.0f} tok/s"
+                )
         entry = scaling_entry(shape, report["throughput"])
         if entry:
             report["scaling"].append(entry)
@@ -960,7 +1133,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but CUDA is not available (use --device cpu for the smoke run)")
-    accelerator = make_accelerator(args.device, args.pg_timeout, args.allow_one_process)
+    accelerator = make_accelerator(
+        args.device, args.pg_timeout, args.allow_one_process or args.check_fused_head
+    )
     if args.device == "cuda":  # the fp32 check: true fp32 matmuls on both sides (bf16 is unaffected)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -260,14 +260,15 @@ def tree_step(
     head, weight = _head(model, device, fused)
     with head:
         outputs = model(**tree_forward_kwargs(row, device, backend=backend), logits_to_keep=keep)
-    out = packed_row_loss(
-        outputs.logits,
-        row,
-        config=loss_config,
-        num_trained_tokens=float(row.num_trained_tokens),
-        logit_rows=logit_rows,
-        lm_head_weight=weight,
-    )
+    with torch.profiler.record_function("bench/head+loss"):  # bench.packing_draws --breakdown
+        out = packed_row_loss(
+            outputs.logits,
+            row,
+            config=loss_config,
+            num_trained_tokens=float(row.num_trained_tokens),
+            logit_rows=logit_rows,
+            lm_head_weight=weight,
+        )
     out.loss.backward()
     return out
 

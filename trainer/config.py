@@ -35,6 +35,13 @@ class AsyncGRPOConfig(TrainingArguments):
     bf16: bool | None = field(
         default=None, metadata={"help": "bf16 mixed precision; None = True unless fp16."}
     )
+    torch_compile: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compile the norm and MLP blocks; None = on when training on CUDA (measured "
+            "faster at the same memory), off on CPU."
+        },
+    )
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate."})
     lr_scheduler_type: str = field(
         default="constant", metadata={"help": "Constant: epochs have no known length."}
@@ -100,6 +107,13 @@ class AsyncGRPOConfig(TrainingArguments):
     token_budget: int | None = field(
         default=None, metadata={"help": "Tokens per packed row; None = max_model_len."}
     )
+    tree_min_shared_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Shorter shared prefixes are forwarded once per sample; None = 32 on CUDA "
+            "(a short prompt costs the tree mask more than it saves), 0 on CPU."
+        },
+    )
 
     # --- async pipeline ------------------------------------------------------------------------
     max_concurrent_rollouts: int = field(default=512, metadata={"help": "Hard cap on rollouts in flight."})
@@ -123,6 +137,11 @@ class AsyncGRPOConfig(TrainingArguments):
             self.bf16 = not self.fp16 and _bf16_accelerator_available()
         if self.output_dir is None:
             self.output_dir = "trainer_output"
+        if self.torch_compile is None:
+            self.torch_compile = compile_by_default(use_cpu=self.use_cpu)
+        if self.tree_min_shared_tokens is None:
+            on_cuda = compile_by_default(use_cpu=self.use_cpu)
+            self.tree_min_shared_tokens = CUDA_MIN_SHARED_TOKENS if on_cuda else 0
         for name in ("model_init_kwargs", "chat_template_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -145,6 +164,23 @@ class AsyncGRPOConfig(TrainingArguments):
             # it every rank of `torch.distributed.run` believed it was the main process.
             self.use_cpu = True
         super().__post_init__()
+
+
+# On CUDA, FlexAttention evaluates the tree mask in 128-token blocks: a completion's query blocks
+# each visit its group prompt's block besides their own. Below ~32 prompt tokens that costs more than
+# sharing saves (H200, docs/benchmarks.md: a 16-token prompt made the tree step 2-3% slower).
+CUDA_MIN_SHARED_TOKENS = 32
+
+
+def compile_by_default(*, use_cpu: bool, cuda_available: bool | None = None) -> bool:
+    """``torch_compile``'s value when unset: on for a CUDA run, where compiling the norm and MLP
+    blocks made the Qwen3-1.7B step 1.29x faster at the same peak memory (docs/benchmarks.md); off
+    on CPU, where the first steps would pay minutes of compilation for little."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    return bool(cuda_available and not use_cpu)
 
 
 def _cpu_only_multiprocess() -> bool:

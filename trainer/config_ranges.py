@@ -86,6 +86,7 @@ FIELD_RANGES: dict[str, Range] = {
     "num_sampler_logprobs": Range(0, 1024),
     # the async pipeline
     "token_budget": Range(1, 2**24),
+    "tree_min_shared_tokens": Range(0, 2**24, note="None: 32 on CUDA, 0 on CPU"),
     "max_concurrent_rollouts": Range(1, 10**6),
     "max_staleness": Range(0, 10**6),
     "weight_sync_steps": Range(1, 10**6),

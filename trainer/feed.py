@@ -94,8 +94,10 @@ class RolloutFeed:
         start_position: int,
         window: MetricWindow,
         rank: int = 0,
+        min_shared_tokens: int = 0,
     ) -> None:
         self.next_group = next_group
+        self.min_shared_tokens = min_shared_tokens
         self.model_version = model_version
         self.token_budget = token_budget
         self.num_rows = num_rows
@@ -103,7 +105,7 @@ class RolloutFeed:
         self.num_top_logprobs = num_top_logprobs
         self.window = window
         self.rank = rank
-        self.batcher = TokenBudgetBatcher(token_budget, num_rows) if token_budget else None
+        self.batcher = TokenBudgetBatcher(token_budget, num_rows, min_shared_tokens) if token_budget else None
         self.positions = PositionBook(next_untrained=start_position)
         self._position_of: dict[int, int] = {}  # id(sample) -> prompt position
         self._ready: list[MicroBatch] = []
@@ -120,7 +122,7 @@ class RolloutFeed:
         """Connect the rollout process once it is started (the budget comes from the server)."""
         self.next_group = next_group
         self.token_budget = token_budget
-        self.batcher = TokenBudgetBatcher(token_budget, self.num_rows)
+        self.batcher = TokenBudgetBatcher(token_budget, self.num_rows, self.min_shared_tokens)
 
     # ----------------------------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[dict]:
@@ -219,7 +221,7 @@ class RolloutFeed:
     def _inputs_for_rank(self, batch: MicroBatch) -> dict:
         """This rank's packed row plus what the loss needs about the whole micro-batch."""
         samples = batch[self.rank] if self.rank < len(batch) else []
-        row = pack_row(samples, self.num_top_logprobs) if samples else None
+        row = pack_row(samples, self.num_top_logprobs, self.min_shared_tokens) if samples else None
         global_trained = sum(s.num_trained_tokens for r in batch for s in r)
         return {"row": row, "global_trained_tokens": float(global_trained)}
 
@@ -227,10 +229,11 @@ class RolloutFeed:
     def finish_step(self) -> dict[str, float]:
         """Mark the step's samples trained; record its batch metrics; return its accounting.
 
-        Returns ``{"raw_tokens", "forwarded_tokens", "attention_pairs", "trained_tokens", "wait_s"}``.
+        Returns ``{"raw_tokens", "forwarded_tokens", "head_positions", "attention_pairs",
+        "trained_tokens", "wait_s"}``.
         """
         batches, self._step_batches = self._step_batches, []
-        stats = [[row_stats(row) for row in mb] for mb in batches]
+        stats = [[row_stats(row, self.min_shared_tokens) for row in mb] for mb in batches]
         metrics = batch_metrics(stats, self.token_budget)
         metrics.record(self.window)
         raw = 0
@@ -247,6 +250,7 @@ class RolloutFeed:
         return {
             "raw_tokens": float(raw),
             "forwarded_tokens": float(sum(r.forwarded_tokens for r in rows)),
+            "head_positions": float(sum(r.head_positions for r in rows)),
             "trained_tokens": float(sum(r.trained_tokens for r in rows)),
             "attention_pairs": float(sum(r.attention_cost for r in rows)),
             "wait_s": wait,

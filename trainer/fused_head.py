@@ -16,6 +16,11 @@ The trainer reaches the hidden states by making the model's output embedding an 
 forward (:func:`lm_head_bypassed`). That is only right when the model does nothing to the logits
 after its ``lm_head`` (no soft-capping, no logit scale), so :func:`fused_head_weight` checks it once
 per model on a short input (the two forwards must agree) and otherwise leaves the unfused path on.
+
+Under FSDP2 (:func:`fused_lm_head`) the head's weight is a shard outside the forward. The fused path
+takes the unsharded parameter FSDP2 gathered for the forward, after the forward: no extra
+collective and no extra copy. The probe is replaced by watching one ordinary forward, because a
+probe forward is a collective that a rank with an empty row would not join.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +40,9 @@ logger = logging.getLogger(__name__)
 _CHUNK_BYTES = 1 << 30
 # GRPO_FUSED_LM_HEAD=0 turns the fused path off (the unfused one is the reference).
 _ENV_SWITCH = "GRPO_FUSED_LM_HEAD"
+# Cached on the model: the probe's verdict, and under FSDP2 the verdict of the watched forward.
+_PROBED = "_grpo_fused_head_ok"
+_WATCHED = "_grpo_fused_head_sharded_ok"
 
 
 def _chunk_rows(vocab: int, itemsize: int) -> int:
@@ -178,19 +188,41 @@ def lm_head_bypassed(model: torch.nn.Module) -> Iterator[None]:
         head.forward = original
 
 
-def _plain_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
-    """The output embedding's weight if it is a plain, unsharded, bias-free linear layer, else None."""
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    return type(tensor).__name__ == "DTensor"
+
+
+def _plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The output embedding if it is a bias-free linear layer (its weight possibly an FSDP2 shard)
+    and the fused path is switched on, else None."""
     if os.environ.get(_ENV_SWITCH, "1") == "0":
         return None
     get = getattr(model, "get_output_embeddings", None)
     head = get() if get is not None else None
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or head.weight.dim() != 2:
         return None
-    weight = head.weight
-    # FSDP2 shards it (a DTensor gathered only inside the module's own forward): leave it to the module.
-    if type(weight).__name__ == "DTensor" or weight.dim() != 2:
+    return head
+
+
+def _fsdp2_managed(model: torch.nn.Module, head: torch.nn.Module) -> bool:
+    """True when FSDP2 shards the head's weight. Between a forward and its backward the weight is a
+    plain tensor (the gathered one), so the module types are checked too: a probe forward on such a
+    model is a collective."""
+    if _is_dtensor(head.weight):
+        return True
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without distributed support
+        return False
+    return isinstance(model, FSDPModule) or isinstance(head, FSDPModule)
+
+
+def _plain_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    """The output embedding's weight if it is a plain, unsharded, bias-free linear layer, else None."""
+    head = _plain_head(model)
+    if head is None or _fsdp2_managed(model, head):
         return None
-    return weight
+    return head.weight
 
 
 @torch.no_grad()
@@ -229,7 +261,7 @@ def fused_head_weight(model: torch.nn.Module, device: torch.device) -> torch.Ten
     Checked once per model (cached on it): a plain linear head, unsharded, and logits that are the
     head's output unchanged (a short probe forward with and without the bypass must agree).
     """
-    cached = getattr(model, "_grpo_fused_head_ok", None)
+    cached = getattr(model, _PROBED, None)
     weight = _plain_head_weight(model)
     if weight is None:
         return None
@@ -243,5 +275,126 @@ def fused_head_weight(model: torch.nn.Module, device: torch.device) -> torch.Ten
             logger.info(
                 "fused LM head off for %s: its logits are not the head's output", type(model).__name__
             )
-        model._grpo_fused_head_ok = cached
+        setattr(model, _PROBED, cached)
     return weight if cached else None
+
+
+# ----------------------------------------------------------------------------- FSDP2 and the trainer
+@dataclass
+class HeadChoice:
+    """The LM head one forward ran.
+
+    Attributes:
+        weight: (V, D) the head's weight to pass to the loss as ``lm_head_weight`` (the forward's
+            ``outputs.logits`` are then hidden states), or None (they are the model's logits). Set
+            when the forward has returned.
+    """
+
+    weight: torch.Tensor | None = None
+
+    @property
+    def name(self) -> str:
+        """``fused`` or ``model`` (the model's own head)."""
+        return "model" if self.weight is None else "fused"
+
+
+def _version(tensor: Any) -> int | None:
+    """The tensor's version counter (bumped by in-place writes); None if it has none."""
+    try:
+        return int(tensor._version)
+    except (AttributeError, RuntimeError):  # not a tensor, or an inference-mode tensor
+        return None
+
+
+@contextmanager
+def _watched_forward(model: torch.nn.Module, head: torch.nn.Module) -> Iterator[dict[str, Any]]:
+    """Inside, the model's forward (head not bypassed) records ``last``: whether ``outputs.logits``
+    is the head's output tensor itself, not written to after the head (version counter unchanged)."""
+    seen: dict[str, Any] = {"last": False}
+
+    def after_head(_module, _args, output) -> None:
+        seen["output"], seen["version"] = output, _version(output)
+
+    def after_model(_module, _args, output) -> None:
+        head_output = seen.pop("output", None)  # no reference to the logits outlives the forward
+        logits = getattr(output, "logits", None)
+        version = seen.get("version")
+        seen["last"] = logits is head_output and version is not None and _version(logits) == version
+
+    handles = [head.register_forward_hook(after_head), model.register_forward_hook(after_model)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def _fsdp2_head(model: torch.nn.Module, head: torch.nn.Linear, choice: HeadChoice) -> Iterator[None]:
+    """:func:`fused_lm_head` for a head whose weight FSDP2 shards."""
+    if getattr(model, _PROBED, None) is False:  # probed before wrapping: something follows the head
+        yield
+        return
+    if getattr(model, _WATCHED, None) is None:
+        # The first forward runs the model's head and is watched, in place of the probe's two extra
+        # forwards: those gather every layer's shards, and a rank whose row is empty (it runs a
+        # one-token forward instead) would leave the others waiting in the all-gather.
+        with _watched_forward(model, head) as seen:
+            yield
+        # The weight is only usable after the forward if FSDP2 keeps it gathered until the backward
+        # (accelerate's embedding/norm/head group does: reshard_after_forward=False).
+        ok = bool(seen["last"]) and not _is_dtensor(head.weight)
+        setattr(model, _WATCHED, ok)
+        logger.info("fused LM head under FSDP2: %s", "on" if ok else "off (head resharded or not last)")
+        return
+    if not getattr(model, _WATCHED):
+        yield
+        return
+    with lm_head_bypassed(model):
+        yield
+    weight = head.weight
+    if _is_dtensor(weight):
+        raise RuntimeError(
+            "the FSDP2 head weight was resharded after the forward (it was not on the watched one); "
+            f"keep its group's reshard_after_forward=False or set {_ENV_SWITCH}=0"
+        )
+    # FSDP2's unsharded parameter, gathered in the group's pre-forward and registered on the head
+    # (and, tied, on the input embedding) until the group's post-backward. The fused backward
+    # accumulates into its .grad, as the head's own matmul would, and the post-backward
+    # reduce-scatters that sum into the shard once. An explicit ``full_tensor()`` would instead hold
+    # a second (V, D) copy until the backward, add an all-gather and a reduce-scatter that ranks on
+    # the unfused path (an empty row) never join, and by default (Replicate gradient layout) slice
+    # the gradient without summing it over ranks.
+    choice.weight = weight
+
+
+@contextmanager
+def fused_lm_head(model: torch.nn.Module, device: torch.device) -> Iterator[HeadChoice]:
+    """Run the model's forward inside: with its LM head bypassed where it can be fused with the loss.
+
+    Yields a :class:`HeadChoice` whose ``weight`` is set on exit: the weight to pass to the loss, or
+    None when ``outputs.logits`` are the model's logits. Plain models: as :func:`fused_head_weight`.
+    Under FSDP2 the weight is the one gathered for this forward, usable until its backward; the
+    first forward of a model runs the model's own head and is watched (see :func:`_fsdp2_head`).
+    Every FSDP2 path runs the same collectives, so ranks may differ in the path they take.
+    """
+    choice = HeadChoice()
+    head = _plain_head(model)
+    if head is not None and _fsdp2_managed(model, head):
+        with _fsdp2_head(model, head, choice):
+            yield choice
+        return
+    weight = fused_head_weight(model, device) if head is not None else None
+    with lm_head_bypassed(model) if weight is not None else nullcontext():
+        yield choice
+    choice.weight = weight
+
+
+def prime_fused_head(model: torch.nn.Module, device: torch.device) -> None:
+    """Settle the fused head's choice with one no-gradient forward of a short input.
+
+    Under FSDP2 a collective: every rank calls it at the same point, after wrapping. Without it the
+    first training forward is the watched one (model's head); with it the first step is fused too.
+    """
+    with torch.no_grad(), fused_lm_head(model, device):
+        model(**probe_forward_kwargs(device))

@@ -48,11 +48,13 @@ def _text_config(config):
 
 
 def matmul_params_per_token(config) -> float | None:
-    """Parameters a token multiplies through in one forward (active experts only), or None if unsupported."""
+    """Parameters a forwarded token multiplies through in one forward, LM head excluded (active
+    experts only), or None if unsupported. The head is :func:`head_params`: it runs only on the
+    positions whose logits the loss reads."""
     if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return None
     c = _text_config(config)
-    h, layers, vocab = c.hidden_size, c.num_hidden_layers, c.vocab_size
+    h, layers = c.hidden_size, c.num_hidden_layers
     heads = c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or h // heads
@@ -64,7 +66,15 @@ def matmul_params_per_token(config) -> float | None:
         mlp = 3 * h * moe_inter * top_k + h * num_experts
     else:
         mlp = 3 * h * c.intermediate_size
-    return float(layers * (attn + mlp) + h * vocab)
+    return float(layers * (attn + mlp))
+
+
+def head_params(config) -> float | None:
+    """Parameters of the LM head (hidden × vocab) one head position multiplies through, or None."""
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return None
+    c = _text_config(config)
+    return float(c.hidden_size * c.vocab_size)
 
 
 def attention_flops_per_pair(config) -> float | None:
@@ -76,10 +86,17 @@ def attention_flops_per_pair(config) -> float | None:
     return float(4 * c.num_hidden_layers * c.num_attention_heads * head_dim)
 
 
-def training_flops(config, forwarded_tokens: int, attention_pairs: float) -> float | None:
-    """FLOPs of forward + backward (3× forward) over ``forwarded_tokens`` and ``attention_pairs``."""
+def training_flops(
+    config, forwarded_tokens: int, attention_pairs: float, head_positions: int | None = None
+) -> float | None:
+    """FLOPs of forward + backward (3× forward): the body over ``forwarded_tokens``, attention over
+    ``attention_pairs`` (query, visible key) pairs, the LM head over ``head_positions`` (the rows
+    it runs on: ``logits_to_keep``; every forwarded token when None, as for a full-logits forward).
+    """
     params = matmul_params_per_token(config)
+    head = head_params(config)
     pair = attention_flops_per_pair(config)
-    if params is None or pair is None:
+    if params is None or pair is None or head is None:
         return None
-    return 3.0 * (2.0 * params * forwarded_tokens + pair * attention_pairs)
+    head_rows = forwarded_tokens if head_positions is None else head_positions
+    return 3.0 * (2.0 * params * forwarded_tokens + 2.0 * head * head_rows + pair * attention_pairs)

@@ -35,7 +35,7 @@ from trainer.attention import tree_forward_kwargs
 from trainer.chat_template import check_text_only
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
-from trainer.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.fused_head import fused_lm_head
 from trainer.host import share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import MetricWindow
@@ -240,6 +240,7 @@ class AsyncGRPOTrainer(Trainer):
                 start_position=self._start_position,
                 window=self._window,
                 rank=self.accelerator.process_index,
+                min_shared_tokens=self.args.tree_min_shared_tokens,
             )
         return self._feed
 
@@ -370,8 +371,8 @@ class AsyncGRPOTrainer(Trainer):
         row = row.to(device)
         keep, logit_rows = row.logits_to_keep()  # the LM head runs only where the loss reads
         unwrapped = self.accelerator.unwrap_model(model)
-        head_weight = fused_head_weight(unwrapped, device)  # None: the model's own head, unfused
-        with lm_head_bypassed(unwrapped) if head_weight is not None else nullcontext():
+        # head.weight, set after the forward (FSDP2: the gathered one), None: the model's own head
+        with fused_lm_head(unwrapped, device) as head:
             outputs = model(**tree_forward_kwargs(row, device), logits_to_keep=keep)
         out = packed_row_loss(
             outputs.logits,
@@ -380,7 +381,7 @@ class AsyncGRPOTrainer(Trainer):
             num_trained_tokens=max(float(inputs["global_trained_tokens"]), 1.0),
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
             logit_rows=logit_rows,
-            lm_head_weight=head_weight,
+            lm_head_weight=head.weight,
         )
         loss = out.loss * self.accelerator.num_processes  # DP averages gradients; the spec sums
         aux = getattr(outputs, "aux_loss", None)
@@ -396,7 +397,9 @@ class AsyncGRPOTrainer(Trainer):
         row = inputs.get("row") if isinstance(inputs, dict) else None
         if row is None:
             return 0
-        flops = training_flops(self.model.config, row.num_tokens, row.stats.attention_cost)
+        flops = training_flops(
+            self.model.config, row.num_tokens, row.stats.attention_cost, row.stats.head_positions
+        )
         return int(flops or 0)
 
     # --------------------------------------------------------------------- after each optimizer step
@@ -437,7 +440,12 @@ class AsyncGRPOTrainer(Trainer):
             w.add_rate("perf/wall_clock_forwarded_tokens_per_s", report["forwarded_tokens"], step_s)
             w.add_rate("perf/wall_clock_trained_tokens_per_s", report["trained_tokens"], step_s)
         peak = peak_flops(self.args.device, _precision(self.args))
-        flops = training_flops(self.model.config, int(report["forwarded_tokens"]), report["attention_pairs"])
+        flops = training_flops(
+            self.model.config,
+            int(report["forwarded_tokens"]),
+            report["attention_pairs"],
+            int(report["head_positions"]),
+        )
         if peak and flops:
             n = self.accelerator.num_processes
             if fwd_bwd > 0:
