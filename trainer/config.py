@@ -135,6 +135,13 @@ class AsyncGRPOConfig(TrainingArguments):
             # Spec: True unless fp16. On a machine with no bf16-capable accelerator (the CPU test
             # machines) transformers refuses bf16 without use_cpu, so the default falls back to fp32.
             self.bf16 = not self.fp16 and _bf16_accelerator_available()
+            if not self.bf16 and not self.fp16 and self.dtype in ("bfloat16", "float16"):
+                warnings.warn(
+                    f"dtype={self.dtype} weights with bf16 mixed precision off: the spec's bf16 default "
+                    "(True unless fp16) applies only where a bf16-capable accelerator is present, and "
+                    "there is none here; set dtype: float32 (or bf16: true with use_cpu: true)",
+                    stacklevel=2,
+                )
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         if self.torch_compile is None:
