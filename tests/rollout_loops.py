@@ -21,3 +21,16 @@ class RecordingRolloutLoop(AsyncRolloutLoop):
 
 class RecordingTrainer(AsyncGRPOTrainer):
     loop_cls = RecordingRolloutLoop
+
+
+_REWARD_CALLS = [0]
+CONSTANT_GROUPS = 16
+
+
+def constant_then_varying_reward(completions, **kwargs):
+    """The first ``CONSTANT_GROUPS`` groups (calls, in this rollout process) all get 0.5: dropped for
+    identical rewards; later groups get 0/1 alternately, so a step can train."""
+    _REWARD_CALLS[0] += 1
+    if _REWARD_CALLS[0] <= CONSTANT_GROUPS:
+        return [0.5] * len(completions)
+    return [float(i % 2) for i in range(len(completions))]

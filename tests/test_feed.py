@@ -61,3 +61,39 @@ def test_samples_dropped_as_stale_raise_the_allowance_while_the_trainer_waits():
     report = feed.finish_step()
     assert report["raw_tokens"] == 40 and feed.consumed_raw_tokens == 120
     assert feed.positions.next_untrained == 3  # dropped groups count as consumed prompts
+
+
+def _distinct_group(position: int) -> GroupResult:
+    """A kept group of 4 samples of 10 tokens sharing nothing (distinct first tokens)."""
+    group = _group(position, version=0)
+    for k, sample in enumerate(group.samples):
+        sample.input_ids = [1000 * position + 100 * k + t for t in range(10)]
+    return group
+
+
+def test_the_last_epoch_ends_exactly_at_its_prompts_and_drops_what_was_generated_ahead():
+    """num_train_epochs: positions from end_position on are never trained nor counted; once every
+    earlier prompt is back, the batcher's remainder is the last batch, then empty micro-batches."""
+    arrivals = [_distinct_group(p) for p in (0, 1, 6, 2, 7, 3, 4, 5, 8, 9)]  # 6.. generated ahead
+    feed = RolloutFeed(
+        next_group=lambda timeout: arrivals.pop(0) if arrivals else None,
+        model_version=lambda: 0,
+        token_budget=90,  # nine 10-token samples (nothing shared) per row
+        num_rows=1,
+        max_staleness=4,
+        num_top_logprobs=0,
+        start_position=0,
+        window=MetricWindow(),
+    )
+    feed.end_position = 6  # e.g. 1.5 epochs of a 4-prompt dataset
+    batches = iter(feed)
+    trained_positions: list[int] = []
+    for _ in range(4):
+        row = next(batches)["row"]
+        trained_positions.append(row.num_tokens if row is not None else 0)
+    report = feed.finish_step()
+    # rows filled to the budget, the remainder flushed once every prompt before the end is in, then empty
+    assert trained_positions == [90, 90, 60, 0]
+    assert report["trained_tokens"] == 6 * 4 * 6
+    assert feed.positions.next_untrained == 6 and feed.positions.consumed == 6
+    assert feed.consumed_raw_tokens == 6 * 40 + 2 * 40  # the two groups ahead released, not trained

@@ -7,6 +7,7 @@ the CLI, the metric catalogue in metrics.jsonl, and that a short run on arithmet
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -189,6 +190,58 @@ def test_resume_continues_at_the_stored_prompt(vllm_server, tiny_model_dir, tmp_
     first = json.loads(log.read_text().splitlines()[0])
     assert first["epoch"] * len(dataset) + first["row_index"] == stored
     assert trainer.state.global_step == 3
+    # Totals so far continue from the checkpoint (metrics.jsonl holds both attempts' lines).
+    rows = {r["step"]: r for r in _metrics(tmp_path / "run") if "num_tokens" in r}
+    assert rows[3]["num_tokens"] > rows[2]["num_tokens"] > rows[1]["num_tokens"] > 0
+    assert state["counters"]["num_tokens"] == pytest.approx(rows[2]["num_tokens"])
+    epochs = {e["step"]: e["epoch"] for e in trainer.state.log_history if "epoch" in e and "loss" in e}
+    assert epochs[3] > epochs[2] > 0  # consumed prompts continue too
+
+
+def test_a_run_whose_groups_are_all_dropped_says_so_before_its_first_step(
+    vllm_server, tiny_model_dir, tmp_path, caplog
+):
+    from tests.rollout_loops import constant_then_varying_reward
+
+    caplog.set_level(logging.WARNING, logger="trainer")
+    args = _config(vllm_server, tmp_path / "run", max_steps=1, idle_log_s=0.5, dropped_groups_warning=4)
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir), reward_funcs=constant_then_varying_reward, args=args, train_dataset=_dataset(64)
+    )
+    trainer.train()
+    assert "4 groups in a row were dropped" in caplog.text and "frac_reward_zero_std = 1" in caplog.text
+    step_one = [r for r in _metrics(tmp_path / "run") if r["step"] == 1]
+    waiting, final = step_one[:-1], step_one[-1]
+    # While every group was dropped, the rollout metrics were logged at the step in progress ...
+    assert waiting and waiting[0]["frac_reward_zero_std"] == 1.0 and waiting[0]["reward_dropped"] == 0.5
+    assert waiting[0]["sample/dropped_stale_count"] == 0.0 and "loss" not in waiting[0]
+    # ... and the step's own log, written last, replaced them.
+    assert "loss" in final and 0.0 < final["frac_reward_zero_std"] < 1.0  # dropped and kept groups
+
+
+def test_one_epoch_trains_each_prompt_at_most_once_and_saves_at_its_end(
+    vllm_server, tiny_model_dir, tmp_path
+):
+    dataset = _dataset(24)
+    args = _config(
+        vllm_server,
+        tmp_path / "run",
+        max_steps=-1,
+        num_train_epochs=1,
+        save_strategy="steps",
+        save_steps=10**6,
+    )
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=dataset
+    )
+    trainer.train()
+    assert trainer.state.epoch == pytest.approx(1.0)  # N epochs = N passes over the distinct prompts
+    rows = [r for r in _metrics(tmp_path / "run") if "loss" in r]
+    assert sum(r["batch/groups_per_step"] for r in rows) <= len(dataset)  # none trained twice
+    final = tmp_path / "run" / f"checkpoint-{trainer.state.global_step}"  # saved as max_steps runs do
+    assert json.loads((final / "rollout_state.json").read_text())["first_untrained_prompt_index"] == len(
+        dataset
+    )
 
 
 def test_cli_trains_from_run_yaml(vllm_server, tiny_model_dir, tmp_path):

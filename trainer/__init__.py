@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from trainer import spawn_startup as _spawn_startup
+
 _EXPORTS = {
     "AsyncGRPOConfig": "trainer.config",
     "AsyncGRPOTrainer": "trainer.trainer",
@@ -23,6 +25,10 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+# A spawned rollout process re-imports the user's script, which imports this package: from here on
+# an error of that start-up phase reaches the trainer's failure message (trainer/spawn_startup.py).
+_spawn_startup.record_startup_errors()
 
 
 def __getattr__(name: str) -> Any:

@@ -122,6 +122,19 @@ class AsyncGRPOConfig(TrainingArguments):
     rollout_worker_timeout: float = field(
         default=300.0, metadata={"help": "Heartbeat timeout of the rollout worker."}
     )
+    idle_log_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds the trainer may wait for samples before it logs the rollout metrics "
+            "anyway (at the step in progress), so a run whose groups are all dropped is not silent."
+        },
+    )
+    dropped_groups_warning: int = field(
+        default=32,
+        metadata={
+            "help": "Warn after this many groups in a row were dropped (identical rewards); 0 = never."
+        },
+    )
 
     # --- logging -------------------------------------------------------------------------------
     log_completions: bool = field(default=False, metadata={"help": "Log sampled (prompt, completion) pairs."})

@@ -92,6 +92,8 @@ FIELD_RANGES: dict[str, Range] = {
     "weight_sync_steps": Range(1, 10**6),
     "vllm_server_timeout": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
     "rollout_worker_timeout": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
+    "idle_log_s": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
+    "dropped_groups_warning": Range(0, 10**9, note="0: never"),
     # logging and checkpoints
     "logging_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),
     "save_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),

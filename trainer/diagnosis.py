@@ -56,6 +56,7 @@ KV_LOW_USAGE = 0.60
 # ---- saturation ----------------------------------------------------------------------------------
 FRAC_ZERO_STD_LOW = 0.25  # at or under: most groups still give a gradient
 FRAC_ZERO_STD_HIGH = 0.50  # at or over: most groups are dropped
+ALL_DROPPED_FRAC = 0.99  # the last few points: every group dropped (the run cannot take a step)
 NEAR_BOTTOM = 0.2  # position in the reward range (0 = min, 1 = max)
 NEAR_TOP = 0.8
 # Least-squares change over the window, as a fraction of the range, that counts as climbing/falling.
@@ -357,6 +358,12 @@ def infer_reward_range(series: Mapping[str, Sequence[tuple[int, float | None]]])
 
 
 SATURATION = {
+    "all_dropped": (
+        "Every group is dropped: no step can train",
+        "warn",
+        "Every completion of each group got the same reward (frac_reward_zero_std = 1), so no group gives a "
+        "gradient and the trainer waits for one that does.",
+    ),
     "healthy": (
         "Healthy: most groups produce a gradient",
         "ok",
@@ -491,11 +498,26 @@ def _saturation(w: Mapping[str, Points], reward_range: tuple[float, float]) -> D
         reward_low=reward[0] <= NEAR_BOTTOM if reward else None,
         reward_trend=reward[1] if reward else None,
     )
+    if _recent(w["frac_reward_zero_std"]) >= ALL_DROPPED_FRAC:
+        title, severity, advice = SATURATION["all_dropped"]
+        return Diagnosis("saturation", "all_dropped", title, severity, ev, advice + _why_all_dropped(dropped))
     verdict, exact = _saturation_verdict(state)
     title, severity, advice = SATURATION[verdict]
     if not exact:
         title, severity = f"Partly: {title[0].lower()}{title[1:]}", "info"
     return Diagnosis("saturation", verdict, title, severity, ev, advice)
+
+
+def _why_all_dropped(dropped: tuple[float, str] | None) -> str:
+    """The likely cause, from where the dropped groups' reward sits in the reward range."""
+    if dropped is None:
+        return " Check that the reward functions can tell completions apart."
+    band = _band(dropped[0])
+    if band == "top":
+        return " Their reward is at the top: saturated at the top, the prompts are too easy."
+    if band == "bottom":
+        return " Their reward is at the bottom: the prompts are too hard, or the reward gives no credit."
+    return " Their reward sits mid-range: a constant reward cannot tell completions apart; check the reward functions."
 
 
 # ==== duplicates ======================================================================================

@@ -95,8 +95,21 @@ class RolloutFeed:
         window: MetricWindow,
         rank: int = 0,
         min_shared_tokens: int = 0,
+        idle_log_s: float = 30.0,
+        dropped_groups_warning: int = 32,
     ) -> None:
         self.next_group = next_group
+        # While no micro-batch is ready, on_idle() is called every idle_log_s (the trainer logs the
+        # rollout metrics then); dropped_groups_warning groups dropped in a row log a warning.
+        self.on_idle: Callable[[], None] | None = None
+        # num_train_epochs runs: prompt positions from end_position on are generated ahead of the
+        # last epoch's end and never trained (set by the trainer; None = no end).
+        self.end_position: int | None = None
+        self._start_position = start_position
+        self._received_before_end = 0
+        self.idle_log_s = idle_log_s
+        self.dropped_groups_warning = dropped_groups_warning
+        self.dropped_in_a_row = 0
         self.min_shared_tokens = min_shared_tokens
         self.model_version = model_version
         self.token_budget = token_budget
@@ -145,9 +158,22 @@ class RolloutFeed:
     def _next_micro_batch(self) -> MicroBatch:
         """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
         starved_s = 0.0
+        next_idle_log = time.monotonic() + self.idle_log_s
         while True:
-            while not self._ready:
+            if not self._ready and self._every_prompt_received():
+                # The last epoch's prompts are all in: what the batcher holds is the last batch; after
+                # it, empty ones (a step's remaining micro-batches) until the trainer stops.
+                closed = self.batcher.flush()
+                if not closed:
+                    empty: MicroBatch = [[] for _ in range(self.num_rows)]
+                    self._step_batches.append(empty)
+                    return empty
+                self._ready.extend(closed)
+            while not self._ready and not self._every_prompt_received():
                 started = time.monotonic()
+                if self.on_idle is not None and started >= next_idle_log:
+                    self.on_idle()
+                    next_idle_log = started + self.idle_log_s
                 result = self.next_group(0.2)
                 if result is None:
                     elapsed = time.monotonic() - started
@@ -162,6 +188,8 @@ class RolloutFeed:
                 self._receive(result)
                 if self.consumed_raw_tokens != consumed:
                     self.publish_allowance()
+            if not self._ready:
+                continue  # every prompt is in: the flush above
             batch = self._ready.pop(0)
             self._queued_samples -= sum(len(row) for row in batch)
             consumed = self.consumed_raw_tokens
@@ -194,8 +222,23 @@ class RolloutFeed:
             kept_batch.append(kept)
         return kept_batch
 
+    def _every_prompt_received(self) -> bool:
+        """True once every prompt position before ``end_position`` has come back from the rollout
+        process (trained, queued in the batcher, dropped or filtered)."""
+        if self.end_position is None:
+            return False
+        return self._received_before_end >= self.end_position - self._start_position
+
     def _receive(self, result: GroupResult) -> None:
+        if self.end_position is not None:
+            if result.position >= self.end_position:
+                # Generated ahead past the last epoch: never trained, not a consumed prompt; its
+                # tokens are released from the allowance so the rollout process is not held up.
+                self.consumed_raw_tokens += sum(len(s.input_ids) for s in result.samples)
+                return
+            self._received_before_end += 1
         self.positions.receive(result)
+        self._count_dropped(result)
         version = self.model_version()
         for sample in result.samples:
             self._position_of[id(sample)] = result.position
@@ -212,6 +255,17 @@ class RolloutFeed:
                 self._sample_consumed(sample, result.position)
             self._ready.extend(closed)
         self.window.add("rollout/queue_size", self._queued_samples)
+
+    def _count_dropped(self, result: GroupResult) -> None:
+        """Count groups dropped in a row; warn at every multiple of ``dropped_groups_warning``."""
+        if result.kind != "dropped":
+            if result.kind == "kept":
+                self.dropped_in_a_row = 0
+            return
+        self.dropped_in_a_row += 1
+        every = self.dropped_groups_warning
+        if every > 0 and self.dropped_in_a_row % every == 0:
+            logger.warning(_dropped_groups_message(self.dropped_in_a_row))
 
     def _sample_consumed(self, sample: TrainingSequence, position: int) -> None:
         self._position_of.pop(id(sample), None)
@@ -255,6 +309,15 @@ class RolloutFeed:
             "attention_pairs": float(sum(r.attention_cost for r in rows)),
             "wait_s": wait,
         }
+
+
+def _dropped_groups_message(count: int) -> str:
+    return (
+        f"{count} groups in a row were dropped: every completion of each got the same reward "
+        "(frac_reward_zero_std = 1), so they give no gradient and no step can train on them. Check "
+        "that the reward functions can tell completions apart (a constant reward stalls the run) and "
+        "the task's difficulty (reward_dropped at the top: too easy; at the bottom: too hard)."
+    )
 
 
 def _broadcast(batch: MicroBatch | None) -> MicroBatch:

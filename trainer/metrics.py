@@ -21,6 +21,26 @@ from collections import defaultdict
 from typing import Any
 
 LAST_VALUE_METRICS = frozenset({"num_tokens", "epoch", "learning_rate", "rollout/concurrency_cap"})
+# Counts every logging window reports: with no event in the window the spec's count rule (a sum of
+# the events since the last log) gives 0, so "none happened" reads 0, not a gap in the chart.
+# (rollout/vllm_preemption_count is not here: it is only known where the server exposes /metrics.)
+ALWAYS_COUNTS = ("sample/dropped_stale_count", "batch/dropped_oversize_count", "rollout/vllm_retry_count")
+
+
+def fill_absent(logs: dict[str, float], *, has_tools: bool, tool_names: list[str]) -> dict[str, float]:
+    """``logs`` with the spec's values for what the window did not see: 0 for :data:`ALWAYS_COUNTS`
+    and, when the trainer has tools, 0 for the tool counts (``tools/unknown_name_count``, each named
+    tool's ``call_count`` / ``failure_count``) and NaN for ``tools/failure_frequency`` (no calls)."""
+    out = dict(logs)
+    for name in ALWAYS_COUNTS:
+        out.setdefault(name, 0.0)
+    if has_tools:
+        out.setdefault("tools/unknown_name_count", 0.0)
+        out.setdefault("tools/failure_frequency", math.nan)
+        for tool in tool_names:
+            out.setdefault(f"tools/{tool}/call_count", 0.0)
+            out.setdefault(f"tools/{tool}/failure_count", 0.0)
+    return out
 
 
 def reduction_rule(name: str) -> str:

@@ -23,13 +23,27 @@ def read_rollout_state(checkpoint: str | os.PathLike) -> int:
     return int(json.loads(path.read_text())["first_untrained_prompt_index"])
 
 
-def write_rollout_state(folder: Path, position: int, dataset) -> None:
-    """Write ``rollout_state.json``: the first untrained prompt position (global: epoch × len + row)."""
+def read_rollout_counters(checkpoint: str | os.PathLike) -> dict[str, float]:
+    """The running totals a checkpoint stored (``num_tokens``, ``consumed_prompts``), so that the
+    metrics the spec defines as totals so far continue after a resume; {} when it stored none."""
+    path = Path(checkpoint) / ROLLOUT_STATE_NAME
+    if not path.exists():
+        return {}
+    counters = json.loads(path.read_text()).get("counters") or {}
+    return {str(name): float(value) for name, value in counters.items()}
+
+
+def write_rollout_state(
+    folder: Path, position: int, dataset, counters: dict[str, float] | None = None
+) -> None:
+    """Write ``rollout_state.json``: the first untrained prompt position (global: epoch × len + row)
+    and the running totals ``counters`` (name -> value) that a resume continues from."""
     size = len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
     state = {
         "first_untrained_prompt_index": int(position),
         "epoch": int(position // size) if size else None,
         "row_index": int(position % size) if size else None,
+        "counters": {name: float(value) for name, value in (counters or {}).items()},
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ROLLOUT_STATE_NAME).write_text(json.dumps(state, indent=2))

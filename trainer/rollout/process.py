@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from typing import Any
 
 from trainer.rollout.scoring import check_picklable
 from trainer.rollout.types import GroupResult
+from trainer.spawn_startup import STARTUP_ERROR_ENV, startup_failure
 
 __all__ = ["RolloutWorkerHandle", "start_rollout_process", "check_rollout_picklable"]
 
@@ -125,8 +127,10 @@ class RolloutWorkerHandle:
         stop_event: Any,
         timeout: float,
         oldest_pinned_version: Any = None,
+        startup_error_path: str | None = None,
     ) -> None:
         self.process = process
+        self.startup_error_path = startup_error_path
         self.rollout_buffer = rollout_buffer
         self.metrics_queue = metrics_queue
         self.exception_info_queue = exception_info_queue
@@ -179,6 +183,10 @@ class RolloutWorkerHandle:
             if code is not None and code < 0:
                 with contextlib.suppress(ValueError):
                     how += f", killed by {signal.Signals(-code).name}"
+            startup = startup_failure(self.startup_error_path)
+            if startup is not None:
+                self._failure = f"rollout process (pid {self.pid}) died at start-up ({how}): {startup}"
+                raise RuntimeError(self._failure)
             state = "was stopped" if self._stopped else "died unexpectedly"
             self._failure = f"rollout process (pid {self.pid}) {state} ({how}) without reporting an error"
             raise RuntimeError(self._failure)
@@ -235,6 +243,9 @@ class RolloutWorkerHandle:
             action()
             self.process.join(5.0)
         self._discard_queued()
+        if self.startup_error_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.startup_error_path)
 
     def _discard_queued(self, limit: int = 10_000) -> None:
         for q in (self.rollout_buffer, self.metrics_queue):
@@ -283,16 +294,21 @@ def start_rollout_process(
         args=(loop_cls, {**loop_kwargs, **shared}, stop_event, pinned_value),
         name="rollout-worker",
     )
-    # The spawned interpreter inherits the environment at start: hide every GPU from it.
-    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    # The spawned interpreter inherits the environment at start: hide every GPU from it, and name
+    # the file where it writes an error of its start-up phase (trainer/spawn_startup.py).
+    fd, startup_error_path = tempfile.mkstemp(prefix="grpo-rollout-startup-", suffix=".txt")
+    os.close(fd)
+    child_env = {"CUDA_VISIBLE_DEVICES": "", STARTUP_ERROR_ENV: startup_error_path}
+    previous = {name: os.environ.get(name) for name in child_env}
+    os.environ.update(child_env)
     try:
         process.start()
     finally:
-        if previous is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     for name in ("rollout_buffer", "metrics_queue", "exception_info_queue"):
         _close_parent_write_end(shared[name])
     config = loop_kwargs.get("config")
@@ -308,6 +324,7 @@ def start_rollout_process(
         stop_event=stop_event,
         timeout=float(getattr(config, "rollout_worker_timeout", 300.0)),
         oldest_pinned_version=pinned_value,
+        startup_error_path=startup_error_path,
     )
     atexit.register(handle.stop)  # never leave an orphan behind a trainer that forgot stop()
     return handle

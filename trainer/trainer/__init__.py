@@ -16,8 +16,10 @@ checkpoints, accelerate/FSDP2); what changes:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
 
 from trainer.attention import tree_forward_kwargs
 from trainer.chat_template import check_text_only
@@ -38,7 +40,7 @@ from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_lm_head
 from trainer.host import share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
-from trainer.metrics import MetricWindow
+from trainer.metrics import MetricWindow, fill_absent
 from trainer.modeling import (
     adapter_state_for_sync,
     compile_pointwise_modules,
@@ -55,8 +57,9 @@ from trainer.modeling import (
 from trainer.perf import peak_flops, training_flops
 from trainer.progress import RunProgressCallback
 from trainer.rollout.loop import AsyncRolloutLoop
+from trainer.rollout.multiturn import tool_name
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
-from trainer.rollout_state import read_rollout_state, write_rollout_state
+from trainer.rollout_state import read_rollout_counters, read_rollout_state, write_rollout_state
 from trainer.server import pick_served_model, served_models, wait_for_server
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
 from trainer.weight_sync.lora import (
@@ -144,6 +147,7 @@ class AsyncGRPOTrainer(Trainer):
         self._sync_adapter_only = False  # every process
         self._feed: RolloutFeed | None = None
         self._start_position = 0
+        self._resumed_counters: dict[str, float] = {}
         self._model_version = 0
         self._num_tokens = 0.0
         self._timers: dict[str, float] = {}
@@ -173,6 +177,9 @@ class AsyncGRPOTrainer(Trainer):
         """Train until ``max_steps`` (or ``num_train_epochs`` passes over the prompts); see the spec."""
         checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
         self._start_position = read_rollout_state(checkpoint) if checkpoint else 0
+        # Totals so far (num_tokens, the epoch's consumed prompts) continue from the checkpoint.
+        self._resumed_counters = read_rollout_counters(checkpoint) if checkpoint else {}
+        self._num_tokens = self._resumed_counters.get("num_tokens", 0.0)
         if self.rollout_dataset is not None and not hasattr(self.rollout_dataset, "__len__"):
             self._start_position = 0  # an IterableDataset cannot seek: restart from its first prompt
         if checkpoint:
@@ -241,7 +248,14 @@ class AsyncGRPOTrainer(Trainer):
                 window=self._window,
                 rank=self.accelerator.process_index,
                 min_shared_tokens=self.args.tree_min_shared_tokens,
+                idle_log_s=self.args.idle_log_s,
+                dropped_groups_warning=self.args.dropped_groups_warning,
             )
+            self._feed.positions.consumed = int(self._resumed_counters.get("consumed_prompts", 0))
+            self._feed.on_idle = self._log_while_waiting
+            if self.args.max_steps <= 0 and hasattr(self.rollout_dataset, "__len__"):
+                # N epochs = N passes over the distinct prompts, counting only those trained.
+                self._feed.end_position = math.ceil(self.args.num_train_epochs * len(self.rollout_dataset))
         return self._feed
 
     # ------------------------------------------------------------------------------ pipeline start
@@ -341,6 +355,30 @@ class AsyncGRPOTrainer(Trainer):
             self._window.merge(payload.get("metrics") or {})
             self._pending_completions.extend(payload.get("completions") or [])
 
+    def _log_while_waiting(self) -> None:
+        """No micro-batch for ``idle_log_s``: log the metrics gathered so far at the step in progress
+        (``global_step + 1``; that step's own log later replaces them), so that a run whose groups
+        are all dropped shows ``frac_reward_zero_std`` and ``reward_dropped`` instead of nothing.
+        The window is not cleared: the step's log still reduces everything it gathered."""
+        if self._handle is not None:
+            self._drain_rollout_metrics()
+        logs = self._window.reduce() if self._window else {}
+        if not logs:
+            return
+        step = self.state.global_step + 1
+        logger.warning(
+            "waiting for samples for step %d: frac_reward_zero_std=%s over the groups received so far",
+            step,
+            logs.get("frac_reward_zero_std", "n/a"),
+        )
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps({"step": step, **_jsonable(logs)}) + "\n")
+        in_progress = copy.copy(self.state)
+        in_progress.global_step = step
+        self.control = self.callback_handler.on_log(self.args, in_progress, self.control, logs)
+
     def _shutdown_pipeline(self) -> None:
         if self._handle is not None:
             self._handle.stop()
@@ -414,9 +452,11 @@ class AsyncGRPOTrainer(Trainer):
             self._record_perf(report, now)
             if self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__"):
                 state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
-                target = self.args.num_train_epochs * len(self.rollout_dataset)
-                if self.args.max_steps <= 0 and self._feed.positions.next_untrained >= target:
+                end = self._feed.end_position
+                if end is not None and self._feed.positions.next_untrained >= end:
                     control.should_training_stop = True
+                    # The last epoch's end saves a checkpoint, as reaching max_steps does.
+                    control.should_save = self.args.save_strategy != SaveStrategy.NO
         control.should_training_stop = _any_rank(control.should_training_stop)
         if state.global_step % self.args.weight_sync_steps == 0:
             self._sync_weights()
@@ -488,7 +528,11 @@ class AsyncGRPOTrainer(Trainer):
         if self._handle is not None:
             self._drain_rollout_metrics()
         if "loss" in logs and self._window:
-            logs = {**logs, **self._window.reduce()}
+            logs = fill_absent(
+                {**logs, **self._window.reduce()},
+                has_tools=bool(self.tools) or self.environment_factory is not None,
+                tool_names=[tool_name(t) for t in self.tools],
+            )
             self._window.clear()
         if self.is_world_process_zero():
             out = Path(self.args.output_dir)
@@ -524,7 +568,8 @@ class AsyncGRPOTrainer(Trainer):
             folder = (
                 Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            write_rollout_state(folder, self._feed.positions.next_untrained, self.rollout_dataset)
+            counters = {"num_tokens": self._num_tokens, "consumed_prompts": self._feed.positions.consumed}
+            write_rollout_state(folder, self._feed.positions.next_untrained, self.rollout_dataset, counters)
 
 
 class _PipelineCallback(TrainerCallback):

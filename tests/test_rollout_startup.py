@@ -1,0 +1,57 @@
+"""A rollout process that dies while starting up says why, with the fix (issue 23 item 7).
+
+Real processes: a training script is run as ``__main__``; the spawned rollout process re-imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO
+
+WATCH = """
+import time
+from trainer.rollout.loop import AsyncRolloutLoop
+from trainer.rollout.process import start_rollout_process
+
+{before}
+handle = start_rollout_process(AsyncRolloutLoop)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        handle.check_health()
+    except RuntimeError as exc:
+        print("FAILURE:", exc)
+        break
+    time.sleep(0.2)
+handle.stop(grace_s=1)
+"""
+
+
+def _run(tmp_path, before: str) -> str:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(WATCH.format(before=before)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert "FAILURE:" in done.stdout, (done.stdout, done.stderr[-2000:])
+    return done.stdout.split("FAILURE:", 1)[1]
+
+
+def test_a_script_without_a_main_guard_is_named_with_the_fix(tmp_path):
+    failure = _run(tmp_path, before="")
+    assert "died at start-up (exit code 1)" in failure
+    assert 'if __name__ == "__main__":' in failure and "bootstrapping phase" in failure
+    assert "without reporting an error" not in failure
+
+
+def test_any_start_up_error_of_the_child_is_reported(tmp_path):
+    failure = _run(
+        tmp_path, before='if __name__ == "__mp_main__":\n    raise ValueError("cannot load the rewards")'
+    )
+    assert "died at start-up" in failure and "ValueError: cannot load the rewards" in failure
+    assert "__main__" not in failure.split("error while starting", 1)[0]  # no guard advice here
