@@ -24,7 +24,7 @@ class RecordingTrainer(AsyncGRPOTrainer):
 
 
 _REWARD_CALLS = [0]
-CONSTANT_GROUPS = 16
+CONSTANT_GROUPS = 48
 
 
 def constant_then_varying_reward(completions, **kwargs):

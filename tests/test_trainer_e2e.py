@@ -211,18 +211,20 @@ def test_a_run_whose_groups_are_all_dropped_says_so_before_its_first_step(
     trainer.train()
     assert "4 groups in a row were dropped" in caplog.text and "frac_reward_zero_std = 1" in caplog.text
     step_one = [r for r in _metrics(tmp_path / "run") if r["step"] == 1]
-    waiting, final = step_one[:-1], step_one[-1]
+    logged = next(i for i, r in enumerate(step_one) if "loss" in r)  # the step's own log
+    waiting, final = step_one[:logged], step_one[logged]
     # While every group was dropped, the rollout metrics were logged at the step in progress ...
-    assert waiting and waiting[0]["frac_reward_zero_std"] == 1.0 and waiting[0]["reward_dropped"] == 0.5
-    assert waiting[0]["sample/dropped_stale_count"] == 0.0 and "loss" not in waiting[0]
-    # ... and the step's own log, written last, replaced them.
+    # (the rollout process ships its metrics every 0.5 s: the first lines may predate any group)
+    only_dropped = [r for r in waiting if r.get("frac_reward_zero_std") == 1.0]
+    assert only_dropped and only_dropped[0]["reward_dropped"] == 0.5, waiting
+    # ... and the step's own log, written after them, replaces them (last write of a step wins).
     assert "loss" in final and 0.0 < final["frac_reward_zero_std"] < 1.0  # dropped and kept groups
 
 
 def test_one_epoch_trains_each_prompt_at_most_once_and_saves_at_its_end(
     vllm_server, tiny_model_dir, tmp_path
 ):
-    dataset = _dataset(24)
+    dataset = _dataset(16)
     args = _config(
         vllm_server,
         tmp_path / "run",

@@ -29,6 +29,15 @@ GUARD_HINT = (
 )
 
 
+_started = False  # set in the child once its rollout loop runs: later errors are reported by the loop
+
+
+def mark_started() -> None:
+    """The spawned child is past its start-up phase (called first thing in its entry point)."""
+    global _started
+    _started = True
+
+
 def _starting_up() -> bool:
     """True in a spawned child that is still importing the parent's ``__main__`` (multiprocessing
     marks that phase with ``_inheriting``)."""
@@ -46,8 +55,9 @@ def record_startup_errors() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb) -> None:
-        with contextlib.suppress(OSError):  # a lost report must not hide the error itself
-            Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
+        if not _started:
+            with contextlib.suppress(OSError):  # a lost report must not hide the error itself
+                Path(path).write_text("".join(traceback.format_exception(kind, value, tb)))
         previous(kind, value, tb)
 
     hook._grpo_startup = True  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from typing import Any
 
 from trainer.rollout.scoring import check_picklable
 from trainer.rollout.types import GroupResult
-from trainer.spawn_startup import STARTUP_ERROR_ENV, startup_failure
+from trainer.spawn_startup import STARTUP_ERROR_ENV, mark_started, startup_failure
 
 __all__ = ["RolloutWorkerHandle", "start_rollout_process", "check_rollout_picklable"]
 
@@ -83,6 +83,7 @@ def _close_parent_write_end(q: Any) -> None:
 
 def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any, pinned_value: Any = None) -> None:
     """Child entry point: build the loop and run it until stopped."""
+    mark_started()  # from here on the loop reports its own errors (exception_info_queue)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     # Ctrl-C reaches the whole process group; the trainer decides when the worker stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
