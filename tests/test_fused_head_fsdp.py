@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import trainer.fused_head as fused_head
-from trainer.attention import tree_forward_kwargs, use_tree_attention
+from tests.test_fused_head import _tiny_qwen3
+from trainer.attention import tree_forward_kwargs
 from trainer.fused_head import fused_lm_head
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.packing import PackedRow, pack_row
@@ -27,22 +27,9 @@ def fsdp2_managed(monkeypatch):
     monkeypatch.setattr(fused_head, "_fsdp2_managed", lambda model, head: True)
 
 
-def _model() -> Qwen3ForCausalLM:
+def _model():
     """A float64 two-layer Qwen3 (vocabulary 40, hidden 32) with tied embeddings, tree attention."""
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    model = Qwen3ForCausalLM(config).double()
-    use_tree_attention(model)
-    return model
+    return _tiny_qwen3()
 
 
 def _row() -> PackedRow:

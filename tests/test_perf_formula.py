@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from bench.packing import WORKLOADS, build_model
+from bench.packing import SHAPES, WORKLOADS, build_model
 from bench.packing_draws import breakdown, draw_samples, padding_free_rows
 from trainer.config import AsyncGRPOConfig, compile_by_default
 from trainer.loss import LossConfig
@@ -15,15 +15,7 @@ from trainer.packing import TokenBudgetBatcher, pack_row
 from trainer.perf import head_params, matmul_params_per_token, training_flops
 from trainer.rollout.types import TrainingSequence
 
-CONFIG = Qwen3Config(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=1000,
-)
+CONFIG = Qwen3Config(**{**SHAPES["tiny"], "vocab_size": 1000})  # the bench's CPU shape
 
 
 def _sample(ids: list[int], trained_from: int, group: int) -> TrainingSequence:

@@ -157,10 +157,10 @@ class AsyncGRPOConfig(TrainingArguments):
                 )
         if self.output_dir is None:
             self.output_dir = "trainer_output"
+        on_cuda = compile_by_default(use_cpu=self.use_cpu)  # a CUDA run: both GPU defaults apply
         if self.torch_compile is None:
-            self.torch_compile = compile_by_default(use_cpu=self.use_cpu)
+            self.torch_compile = on_cuda
         if self.tree_min_shared_tokens is None:
-            on_cuda = compile_by_default(use_cpu=self.use_cpu)
             self.tree_min_shared_tokens = CUDA_MIN_SHARED_TOKENS if on_cuda else 0
         for name in ("model_init_kwargs", "chat_template_kwargs"):
             value = getattr(self, name)

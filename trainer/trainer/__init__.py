@@ -371,10 +371,7 @@ class AsyncGRPOTrainer(Trainer):
             step,
             logs.get("frac_reward_zero_std", "n/a"),
         )
-        out = Path(self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / METRICS_FILE, "a") as fh:
-            fh.write(json.dumps({"step": step, **_jsonable(logs)}) + "\n")
+        self._append_metrics_line(step, logs)
         in_progress = copy.copy(self.state)
         in_progress.global_step = step
         self.control = self.callback_handler.on_log(self.args, in_progress, self.control, logs)
@@ -535,12 +532,16 @@ class AsyncGRPOTrainer(Trainer):
             )
             self._window.clear()
         if self.is_world_process_zero():
-            out = Path(self.args.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out / METRICS_FILE, "a") as fh:
-                fh.write(json.dumps({"step": self.state.global_step, **_jsonable(logs)}) + "\n")
+            self._append_metrics_line(self.state.global_step, logs)
             self._log_completions()
         super().log(logs, start_time)
+
+    def _append_metrics_line(self, step: int, logs: dict[str, float]) -> None:
+        """One ``metrics.jsonl`` line (the last line of a step wins when the file is read back)."""
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps({"step": step, **_jsonable(logs)}) + "\n")
 
     def _log_completions(self) -> None:
         items, self._pending_completions = self._pending_completions, []
