@@ -12,9 +12,8 @@ from rest_framework.test import APIClient
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from tests.conftest import REPO
-from trainer.config import AsyncGRPOConfig
+from trainer.config import AsyncGRPOConfig, json_kinds
 from trainer.config_ranges import FIELD_RANGES, ranges_markdown
-from trainer.run_config import _json_kinds
 
 # The values an attacker's session found accepted and stored as queued runs.
 OUT_OF_RANGE = {
@@ -33,7 +32,7 @@ def numeric_fields() -> list[str]:
     hints = typing.get_type_hints(AsyncGRPOConfig)
     names = []
     for f in dataclasses.fields(AsyncGRPOConfig):
-        kinds = _json_kinds(hints.get(f.name)) if f.init else None
+        kinds = json_kinds(hints.get(f.name)) if f.init else None
         if kinds and (int in kinds[0] or float in kinds[0]) and bool not in kinds[0]:
             names.append(f.name)
     return names

@@ -1,8 +1,9 @@
 """``python -m trainer train --config RUN.yaml [--resume latest|PATH]``: one run, standalone.
 
-This is what the control plane's worker launches. The RUN.yaml document is validated exactly as the
-control plane validates it (:mod:`trainer.run_config`), then its names are resolved (the CLI may
-import any dotted path: it runs the user's own code, unlike the web).
+This is what the control plane's worker launches. The RUN.yaml document is validated with the same run
+schema as the control plane's (:func:`trainer.run_config.run_document_errors`, :mod:`trainer.run_schema`),
+then AsyncGRPOConfig is built (its runtime checks) and its names are resolved (the CLI may import any
+dotted path: it runs the user's own code, unlike the web).
 """
 
 from __future__ import annotations

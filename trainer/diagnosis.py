@@ -24,13 +24,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainer.run_schema import DEFAULTS
+
 __all__ = ["DEFAULT_WINDOW_STEPS", "TOPICS", "Diagnosis", "diagnose", "infer_reward_range"]
 
 TOPICS = ("bottleneck", "concurrency", "saturation", "duplicates", "clipping")
 DEFAULT_WINDOW_STEPS = 20
 
-# AsyncGRPOConfig defaults (trainer/config.py). Copied, not imported: that module pulls transformers.
-CONFIG_DEFAULTS: dict[str, int] = {"max_staleness": 4, "num_generations": 8, "max_concurrent_rollouts": 512}
+# AsyncGRPOConfig defaults of the config keys the rules read (the run schema: no transformers import).
+CONFIG_DEFAULTS: dict[str, int] = {
+    name: DEFAULTS[name] for name in ("max_staleness", "num_generations", "max_concurrent_rollouts")
+}
 
 # ---- waits (bottleneck, concurrency) -------------------------------------------------------------
 # A wait is read as a fraction of the mean step time (perf/step_s): the trainer idling 10% of every

@@ -8,14 +8,14 @@ JSONL or ``datasets`` directory), ``reward_funcs`` (list of dotted import paths)
 a map from the dataset's column names to the ones the run reads, e.g. ``{question: prompt}``),
 ``resources`` (GPUs, processes, vLLM parallelism or a named server: :mod:`trainer.resources`), ``loop_cls`` (dotted path of an
 :class:`~trainer.rollout.loop.AsyncRolloutLoop` subclass, the spec's ``loop_cls``), and ``args`` (AsyncGRPOConfig fields by their spec
-names). :func:`validate_run_document` checks a document without importing anything it names
-(the control plane calls it on untrusted input); :func:`load_run_document` resolves it for the
-trainer CLI.
+names, checked by the run schema :mod:`trainer.run_schema`). :func:`run_document_errors` checks a
+document without importing transformers or anything it names (the control plane calls it on untrusted
+input); :func:`validate_run_document` checks it the same way and then builds its AsyncGRPOConfig for
+the trainer CLI.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from trainer.config_ranges import range_errors
 from trainer.resources import parse_resources, resources_errors
+from trainer.run_schema import FIELDS, args_errors
+from trainer.run_schema import short_repr as _short_repr
 
 TOP_LEVEL_KEYS = (
     "model",
@@ -78,22 +79,19 @@ class RunSpec:
 
 def config_field_names() -> set[str]:
     """Every field name ``args`` may set (AsyncGRPOConfig = TrainingArguments + the spec's fields)."""
-    from trainer.config import AsyncGRPOConfig
-
-    return {f.name for f in dataclasses.fields(AsyncGRPOConfig) if f.init}
+    return set(FIELDS)
 
 
 def _is_dotted_path(value: Any) -> bool:
     return isinstance(value, str) and "." in value and all(p.isidentifier() for p in value.split("."))
 
 
-def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec:
-    """Check a run document's shape and build its AsyncGRPOConfig; imports nothing the document names.
-
-    Raises :class:`RunConfigError` with one message per offending field path.
-    """
+def run_document_errors(doc: Any) -> dict[str, str]:
+    """Every problem of a run document as ``{field path: message}`` (``{}``: valid), from the run
+    schema alone (:mod:`trainer.run_schema`): imports neither transformers nor anything it names.
+    The web (``services.run_create``) and the trainer CLI both check documents with this."""
     if not isinstance(doc, dict):
-        raise RunConfigError({"document": "must be a mapping with keys " + ", ".join(TOP_LEVEL_KEYS)})
+        return {"document": "must be a mapping with keys " + ", ".join(TOP_LEVEL_KEYS)}
     errors: dict[str, str] = {}
     for key in doc:
         if key not in TOP_LEVEL_KEYS:
@@ -167,43 +165,46 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
     # A missing `args` is the spec's defaults; anything else that is not a mapping (null, [], "", 0,
     # false) is refused rather than read as "no args".
     raw_args = doc.get("args", {})
-    config = None
     if not isinstance(raw_args, dict):
         errors["args"] = (
             f"must be a mapping of AsyncGRPOConfig fields (or left out), got {_short_repr(raw_args)}"
         )
     else:
-        allowed = config_field_names()
-        unknown = [k for k in raw_args if k not in allowed]
-        for key in unknown:
-            errors[f"args.{key}"] = "unknown AsyncGRPOConfig field (see docs/config.md)"
-        type_errors = _type_errors(raw_args)
-        for key, message in type_errors.items():
-            errors[f"args.{key}"] = message
-        checked = {k: v for k, v in raw_args.items() if isinstance(k, str) and k not in type_errors}
-        for key, message in range_errors(checked).items():
-            errors[f"args.{key}"] = message
-        if not any(k.startswith("args.") for k in errors):
-            kwargs = dict(raw_args)
-            if output_dir is not None:
-                kwargs["output_dir"] = output_dir
-            from trainer.config import AsyncGRPOConfig  # transformers: imported only when needed
+        errors.update({f"args.{key}": message for key, message in args_errors(raw_args).items()})
+    return errors
 
-            try:
-                config = AsyncGRPOConfig(**kwargs)
-            except Exception as exc:  # whatever refuses the values, it is the document's fault
-                message = str(exc) or type(exc).__name__
-                errors[_field_of_error(message, raw_args, output_dir=output_dir)] = message
+
+def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec:
+    """Check a run document (:func:`run_document_errors`) and build its AsyncGRPOConfig, which adds
+    the checks that need the runtime (TrainingArguments' own rules, CUDA); imports nothing the
+    document names.
+
+    Raises :class:`RunConfigError` with one message per offending field path.
+    """
+    errors = run_document_errors(doc)
     if errors:
         raise RunConfigError(errors)
+    raw_args = doc.get("args", {})
+    kwargs = dict(raw_args)
+    if output_dir is not None:
+        kwargs["output_dir"] = output_dir
+    from trainer.config import AsyncGRPOConfig  # transformers: imported only to build the config
+
+    try:
+        config = AsyncGRPOConfig(**kwargs)
+    except Exception as exc:  # whatever refuses the values, it is the document's fault
+        message = str(exc) or type(exc).__name__
+        raise RunConfigError({_field_of_error(message, raw_args, output_dir=output_dir): message}) from None
+    env = doc.get("environment_factory")
+    reward_funcs = doc.get("reward_funcs") or []
     return RunSpec(
-        model=model,
-        train_dataset=dataset,
-        reward_funcs=list(reward_funcs),
-        tools=list(tools),
+        model=doc["model"],
+        train_dataset=doc.get("train_dataset"),
+        reward_funcs=[reward_funcs] if isinstance(reward_funcs, str) else list(reward_funcs),
+        tools=list(doc.get("tools") or []),
         environment_factory=env,
-        peft_config=peft,
-        loop_cls=loop_cls,
+        peft_config=doc.get("peft_config"),
+        loop_cls=doc.get("loop_cls"),
         model_revision=doc.get("model_revision"),
         dataset_revision=doc.get("dataset_revision"),
         dataset_config=doc.get("dataset_config"),
@@ -240,9 +241,6 @@ def _hub_option_errors(doc: dict) -> dict[str, str]:
     return errors
 
 
-_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-# Integers beyond int64 overflow torch and numpy.
-_INT_LIMIT = 2**63 - 1
 _PEFT_BIAS = ("none", "all", "lora_only")
 
 
@@ -278,103 +276,6 @@ def _peft_value_errors(peft: dict) -> dict[str, str]:
     if to_save is not None and not _is_str_list(to_save):
         errors["modules_to_save"] = "must be a list of module names"
     return errors
-
-
-def _json_kinds(annotation: Any) -> tuple[set[type], bool, bool] | None:
-    """What JSON a field's annotation accepts: the kinds (bool, int, float, str, dict, list), whether
-    None is allowed and whether list items must be strings; None when the annotation is not
-    understood (then the value is left to AsyncGRPOConfig)."""
-    import enum
-    import types
-    import typing
-
-    args = (
-        typing.get_args(annotation)
-        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
-        else (annotation,)
-    )
-    kinds: set[type] = set()
-    str_items = False
-    for arg in args:
-        origin = typing.get_origin(arg) or arg
-        if arg is type(None):
-            continue
-        if arg in _SCALARS:
-            kinds.add(arg)
-        elif origin is typing.Literal:
-            kinds.update(type(v) for v in typing.get_args(arg))
-        elif isinstance(origin, type) and issubclass(origin, enum.Enum):
-            kinds.add(str)
-        elif origin is dict:
-            kinds.add(dict)
-        elif origin is list:
-            kinds.add(list)
-            item = typing.get_args(arg)
-            str_items = bool(item) and (
-                item[0] is str or (isinstance(item[0], type) and issubclass(item[0], str))
-            )
-        elif getattr(arg, "__name__", "") == "ParallelismConfig":
-            kinds.add(dict)  # a document carries it as a mapping
-        else:
-            return None
-    return (kinds, type(None) in args, str_items) if kinds else None
-
-
-_KIND_NAMES = {
-    bool: "true or false",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-    dict: "a mapping",
-    list: "a list",
-}
-
-
-def _type_errors(raw_args: dict) -> dict[str, str]:
-    """Type-check ``args`` values against AsyncGRPOConfig's annotations (JSON kinds, finite numbers,
-    integers that fit in 64 bits)."""
-    import typing
-
-    from trainer.config import AsyncGRPOConfig
-
-    hints = typing.get_type_hints(AsyncGRPOConfig)
-    errors = {}
-    for key, value in raw_args.items():
-        spec = _json_kinds(hints.get(key)) if isinstance(key, str) else None
-        if spec is None:
-            continue
-        allowed, nullable, str_items = spec
-        if value is None:
-            if not nullable:
-                errors[key] = "must not be null"
-            continue
-        ok = (
-            (bool in allowed and isinstance(value, bool))
-            or (int in allowed and _is_number(value) and isinstance(value, int))
-            or (float in allowed and _is_number(value))
-            or (str in allowed and isinstance(value, str))
-            or (dict in allowed and isinstance(value, dict))
-            or (list in allowed and isinstance(value, list))
-        )
-        if not ok:
-            expected = " or ".join(name for kind, name in _KIND_NAMES.items() if kind in allowed)
-            errors[key] = f"must be {expected}, got {type(value).__name__} {_short_repr(value)}"
-        elif isinstance(value, float) and not math.isfinite(value):
-            errors[key] = f"must be a finite number, got {value!r}"
-        elif _is_number(value) and isinstance(value, int) and abs(value) > _INT_LIMIT:
-            errors[key] = f"is out of range (|value| must be below 2**63), got {_short_repr(value)}"
-        elif str_items and isinstance(value, list) and not all(isinstance(v, str) for v in value):
-            errors[key] = "must be a list of strings"
-    return errors
-
-
-def _short_repr(value: Any, limit: int = 80) -> str:
-    text = (
-        repr(value)
-        if not isinstance(value, int) or abs(value) < 10**60
-        else f"<{value.bit_length()}-bit integer>"
-    )
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _field_of_error(message: str, raw_args: dict, *, output_dir: str | None = None) -> str:

@@ -239,7 +239,9 @@ class RunSupervisor:
         place = self.placement.get("vllm") or {}
         argv = [sys.executable, "-m", "trainer", "serve", model_dir, "--port", str(self.port)]
         argv += vllm_placement_flags(place, default=MODEL_SERVER_FLAGS.get(config["model"], []))
-        dtype = (config.get("args") or {}).get("dtype", "float32")
+        from trainer.run_schema import DEFAULTS  # the spec's dtype default, one table
+
+        dtype = (config.get("args") or {}).get("dtype", DEFAULTS["dtype"])
         if dtype != "auto":
             argv += ["--dtype", dtype]
         argv += shlex.split(settings.GRPO_VLLM_EXTRA_ARGS)

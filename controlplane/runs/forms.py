@@ -1,62 +1,36 @@
-"""The run form: registry choices, the main hyper-parameters with the spec's defaults, and an
-advanced JSON box for any other AsyncGRPOConfig field. It builds a RUN.yaml document and validates
-it with the same function as the API (:func:`controlplane.runs.validation.run_document_validate`),
-placing each error beside the field it names."""
+"""The run form: registry choices, the main hyper-parameters with the spec's defaults (from the run
+schema, :mod:`trainer.run_schema`), and an advanced JSON box for any other AsyncGRPOConfig field. It
+checks its own fields' shapes and builds a RUN.yaml document; the document is validated by the
+service (:func:`controlplane.runs.services.run_create`, as for the API) and each of its errors is
+placed beside the field it names (:meth:`RunForm.add_config_errors`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import typing
 from typing import Any
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 
 from controlplane.runs.selectors import MAIN_ARGS
-from controlplane.runs.validation import MAX_DOCUMENT_BYTES, run_document_validate
+from controlplane.runs.validation import MAX_DOCUMENT_BYTES
 from trainer import registry
-from trainer.run_config import RunConfigError
+from trainer.run_schema import FIELDS, FieldSpec
 
-MAX_VALIDATION_PASSES = 4
 MAX_SOURCE_CHARS = 1000
 # RUN.yaml's hub options, one form field each.
 HUB_KEYS = ("model_revision", "dataset_revision", "dataset_config", "dataset_split", "dataset_columns")
 
 
-def _arg_field(name: str, f: dataclasses.Field, annotation: Any) -> forms.Field:
+def _arg_field(name: str, spec: FieldSpec) -> forms.Field:
     """A form field for one AsyncGRPOConfig field (int, float or bool), initial = its default."""
     label = name.replace("_", " ")
-    help_text = f.metadata.get("help", "")
-    types = set(typing.get_args(annotation)) or {annotation}
-    if bool in types:
-        return forms.BooleanField(required=False, initial=f.default, label=label, help_text=help_text)
-    if float in types:
-        return forms.FloatField(required=False, initial=f.default, label=label, help_text=help_text)
-    return forms.IntegerField(required=False, initial=f.default, label=label, help_text=help_text)
-
-
-def document_errors(*, document: dict) -> dict[str, str]:
-    """Every error of :func:`run_document_validate` in ``document``, not just the first refusal.
-
-    Type and name errors in ``args`` keep ``AsyncGRPOConfig`` from being built, and building it stops
-    at its first refusal; so the keys already refused are taken out and the rest checked again (at
-    most :data:`MAX_VALIDATION_PASSES` times). ``{}`` when the document is valid.
-    """
-    errors: dict[str, str] = {}
-    args = dict(document.get("args") or {})
-    for _ in range(MAX_VALIDATION_PASSES):
-        try:
-            run_document_validate(document={**document, "args": args})
-        except RunConfigError as exc:
-            errors.update({path: msg for path, msg in exc.errors.items() if path not in errors})
-            refused = {path.split(".")[1] for path in exc.errors if path.startswith("args.")} & set(args)
-            if not refused:
-                break
-            args = {key: value for key, value in args.items() if key not in refused}
-        else:
-            break
-    return errors
+    kinds = spec.kinds or ()
+    if "bool" in kinds:
+        return forms.BooleanField(required=False, initial=spec.default, label=label, help_text=spec.help)
+    if "float" in kinds:
+        return forms.FloatField(required=False, initial=spec.default, label=label, help_text=spec.help)
+    return forms.IntegerField(required=False, initial=spec.default, label=label, help_text=spec.help)
 
 
 def _json_object(text: str | None, *, example: str) -> dict:
@@ -85,11 +59,7 @@ def _registry_choices(kind: str) -> list[tuple[str, str]]:
 
 
 def _main_arg_fields() -> dict[str, tuple[forms.Field, Any]]:
-    from trainer.config import AsyncGRPOConfig
-
-    hints = typing.get_type_hints(AsyncGRPOConfig)
-    fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
-    return {name: (_arg_field(name, fields[name], hints[name]), fields[name].default) for name in MAIN_ARGS}
+    return {name: (_arg_field(name, FIELDS[name]), FIELDS[name].default) for name in MAIN_ARGS}
 
 
 class RunForm(forms.Form):
@@ -97,7 +67,7 @@ class RunForm(forms.Form):
 
     name = forms.CharField(max_length=200, required=False, help_text="defaults to 'MODEL on DATASET'")
     # Typed, with the registered names offered (a <datalist>): a hub id the operator allows or an
-    # allowed local path is typed too; run_document_validate decides what is accepted.
+    # allowed local path is typed too; services.run_create decides what is accepted.
     model = forms.CharField(
         max_length=MAX_SOURCE_CHARS,
         initial="tiny",
@@ -185,15 +155,10 @@ class RunForm(forms.Form):
         return value
 
     def clean(self) -> dict:
-        """Build the document from whatever cleaned and validate it even when some fields did not:
-        every field error and every config error show at once, each beside its field."""
+        """Build the document from whatever cleaned (also when some fields did not: the view then
+        validates the rest of it, so that every error shows at once; :meth:`draft_document`)."""
         data = super().clean()
-        document = self._document_from(data)
-        errors = document_errors(document=document)
-        if errors:
-            self.add_config_errors(errors)
-        elif not self.errors:
-            self._document = document
+        self._document = self._document_from(data)
         return data
 
     def _document_from(self, data: dict) -> dict:
@@ -244,6 +209,13 @@ class RunForm(forms.Form):
         return None
 
     def document(self) -> dict:
-        if self._document is None:
+        """The RUN.yaml document of a valid form (not yet validated: ``services.run_create`` does)."""
+        if self._document is None or self.errors:
             raise ValueError("document() needs a valid form")
+        return self._document
+
+    def draft_document(self) -> dict:
+        """The document built from the fields that cleaned (after ``is_valid()``, valid or not)."""
+        if self._document is None:
+            raise ValueError("draft_document() needs is_valid() first")
         return self._document

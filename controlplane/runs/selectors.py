@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections import defaultdict
@@ -15,7 +14,7 @@ from django.http import Http404
 
 from controlplane.runs.ingest import finite_or_none
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent
-from trainer import registry
+from trainer import registry, run_schema
 
 # The form's main hyper-parameters (the rest go in its advanced JSON box).
 MAIN_ARGS = (
@@ -215,11 +214,8 @@ def registry_get() -> dict[str, Any]:
 
 
 def main_arg_defaults() -> dict[str, Any]:
-    """AsyncGRPOConfig's defaults (the spec's) for the form's main hyper-parameters."""
-    from trainer.config import AsyncGRPOConfig
-
-    fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
-    return {name: fields[name].default for name in MAIN_ARGS}
+    """AsyncGRPOConfig's defaults (the spec's, from the run schema) for the form's main hyper-parameters."""
+    return {name: run_schema.DEFAULTS[name] for name in MAIN_ARGS}
 
 
 PREVIEW_ROWS = 3

@@ -9,8 +9,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from controlplane.runs.models import Checkpoint, CompletionSample, Run, RunEvent
-from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH, run_document_validate
-from trainer.run_config import RunConfigError
+from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
 
 
 def yaml_depth_error(text: str) -> str | None:
@@ -79,10 +78,9 @@ class RunCreateInputSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"config": f"not valid YAML: {exc}"}) from None
             except RecursionError:
                 raise serializers.ValidationError({"config": "not valid YAML: nested too deeply"}) from None
-        try:
-            return run_document_validate(document=value)
-        except RunConfigError as exc:
-            raise serializers.ValidationError(exc.errors) from None
+        # The document itself is validated once, by services.run_create (the view maps its errors
+        # under "config"): here only the YAML text is read.
+        return value
 
 
 class RunCreatedSerializer(serializers.Serializer):

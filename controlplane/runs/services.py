@@ -68,17 +68,19 @@ def run_create(
 ) -> tuple[Run, bool]:
     """Validate ``config`` (a RUN.yaml document), store it as a queued run and launch it.
 
-    Returns ``(run, created)``; with an ``idempotency_key`` already used by ``owner`` the existing
-    run comes back with ``created=False`` (a retried POST never makes a second run). Raises
+    The one place the web validates a document (:func:`run_config_validate`; the API's serializer
+    and the form only parse it and place these errors beside their fields). Returns ``(run,
+    created)``; with an ``idempotency_key`` already used by ``owner`` the existing run comes back
+    with ``created=False`` (a retried POST never makes a second run). Raises
     :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
     """
+    run_config_validate(config=config)
     key = idempotency_key.strip()[:255]
     digest = _config_sha256(config) if isinstance(config, dict) else ""
     if key:
         existing = Run.objects.filter(owner=owner, idempotency_key=key).first()
         if existing is not None:
             return _idempotent_replay(existing, digest), False
-    run_document_validate(document=config)
     queued = Run.objects.filter(owner=owner, status=RunStatus.QUEUED).count()
     if queued >= settings.GRPO_MAX_QUEUED_RUNS_PER_USER:
         raise QueuedRunsLimit(
@@ -104,6 +106,17 @@ def run_create(
         existing = Run.objects.get(owner=owner, idempotency_key=key)
         return _idempotent_replay(existing, digest), False
     return run, True
+
+
+def run_config_validate(*, config: Any) -> dict:
+    """Check an untrusted RUN.yaml document against the run schema and the control plane's rules
+    (:func:`~controlplane.runs.validation.run_document_validate`, no transformers import); return it.
+
+    Raises :class:`~trainer.run_config.RunConfigError` with every problem, ``{field path: message}``.
+    :func:`run_create` calls it; the run form calls it alone when some of its own fields did not
+    clean (nothing is created then), so that every error shows at once.
+    """
+    return run_document_validate(document=config)
 
 
 def run_launch(*, run: Run) -> Run:

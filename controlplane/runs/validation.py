@@ -3,8 +3,9 @@
 Two layers, both reported together as ``{field path: message}`` (``args.learning_rate``,
 ``reward_funcs[1]``, ...):
 
-1. :func:`trainer.run_config.validate_run_document`: the RUN.yaml shape and ``AsyncGRPOConfig``
-   (types, ranges, the spec's incompatible combinations); it imports nothing the document names.
+1. :func:`trainer.run_config.run_document_errors`: the RUN.yaml shape and the run schema
+   (:mod:`trainer.run_schema`: types, ranges, choices, the spec's incompatible combinations); it
+   imports neither transformers nor anything the document names.
 2. What the control plane adds because the document is untrusted: every importable name must be in
    the registry (:mod:`trainer.registry`), local model directories and dataset files only under the
    configured roots (no path traversal), and no ``args`` that would let a request pick where the run
@@ -29,7 +30,7 @@ from django.conf import settings
 from trainer import registry
 from trainer.hub import is_hub_id
 from trainer.resources import Resources, parse_resources, resources_errors
-from trainer.run_config import RunConfigError, validate_run_document
+from trainer.run_config import RunConfigError, run_document_errors
 
 MAX_DOCUMENT_BYTES = 64_000
 MAX_DOCUMENT_DEPTH = 32
@@ -71,18 +72,8 @@ def run_document_validate(*, document: Any) -> dict:
     if size > MAX_DOCUMENT_BYTES:
         raise RunConfigError({"config": f"is {size} bytes; the limit is {MAX_DOCUMENT_BYTES}"})
     errors = _control_plane_errors(document)
-    environ = dict(os.environ)
-    try:
-        validate_run_document(document)
-    except RunConfigError as exc:
-        for path, message in exc.errors.items():
-            errors.setdefault(path, message)
-    finally:
-        # TrainingArguments.__post_init__ sets a few ACCELERATE_*/FSDP_* variables; a document
-        # checked in the web process must not change that process's environment.
-        if os.environ != environ:
-            os.environ.clear()
-            os.environ.update(environ)
+    for path, message in run_document_errors(document).items():
+        errors.setdefault(path, message)
     if errors:
         raise RunConfigError(errors)
     return document
@@ -358,7 +349,7 @@ def _args_errors(args: dict) -> dict[str, str]:
         try:
             kwargs = json.loads(kwargs)
         except (ValueError, RecursionError):
-            kwargs = None  # AsyncGRPOConfig reports the JSON error itself
+            kwargs = None  # the run schema reports the JSON error itself
     if isinstance(kwargs, dict):
         for key in kwargs:
             if key not in MODEL_INIT_KWARGS_ALLOWED:

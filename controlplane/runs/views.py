@@ -74,6 +74,13 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Run {run.pk} queued.")
             return redirect("runs:detail", run_id=run.pk)
+    elif posted:
+        # Some fields did not clean: nothing is created, but the rest of the document is checked so
+        # that every error shows at once (each beside its field).
+        try:
+            services.run_config_validate(config=form.draft_document())
+        except RunConfigError as exc:
+            form.add_config_errors(exc.errors)
     context = {
         "form": form,
         "main_fields": [form[name] for name in form.main_arg_names],
