@@ -29,6 +29,9 @@ PYTHON = sys.executable
 os.environ.setdefault("GRPO_CHANNEL_PREFIX", f"asgi-test-{os.getpid()}")
 # The same for the cache (login limiter, run-creation throttle: keyed by user ids another session reuses).
 os.environ.setdefault("GRPO_CACHE_PREFIX", f"grpo-test-{os.getpid()}")
+# A metric name the catalogue (trainer/metrics.py) does not declare fails where it is recorded, in
+# this process and in every trainer and rollout process the tests start (production warns once).
+os.environ.setdefault("GRPO_STRICT_METRICS", "1")
 
 
 def _own_channel_prefix() -> None:

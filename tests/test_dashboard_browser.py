@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from controlplane.runs.models import Run, RunStatus
 from tests.conftest import CHROMIUM, REPO, daphne_on_test_db
@@ -150,3 +151,56 @@ def test_charts_draw_degenerate_series_without_errors():
             assert not errors, (data, errors)
         assert page.locator("#box canvas").count() == len(cases)
         browser.close()
+
+
+def test_chart_titles_carry_the_catalogue_help_as_tooltips(transactional_db, tmp_path):
+    """A finished run's charts, grouped by the catalogue's namespaces; each declared metric's title
+    has its help text as a tooltip (templated names resolved), a plugin's undeclared one has none."""
+    from playwright.sync_api import sync_playwright
+
+    from controlplane.runs import ingest
+    from trainer.metrics import CATALOGUE, metric
+
+    user = get_user_model().objects.create_user(username="reader", password="s3cret-pass")
+    config = {
+        "model": "tiny",
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": [],
+        "args": {"max_steps": 2},
+    }
+    run = Run.objects.create(
+        owner=user,
+        name="done",
+        config=config,
+        config_sha256="0" * 64,
+        status=RunStatus.COMPLETED,
+        finished_at=timezone.now(),
+    )
+    names = ["reward", "rollout/vllm_retry_count", "rewards/accuracy_reward/mean", "my_plugin/score"]
+    for step in (1, 2):
+        ingest.metric_points_ingest(run_id=run.pk, step=step, values={n: 0.5 * step for n in names})
+    with daphne_on_test_db(tmp_path / "daphne.log", queue="unused") as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            page.goto(f"{base}/runs/login/?next=/runs/{run.pk}/")
+            page.fill("input[name=username]", "reader")
+            page.fill("input[name=password]", "s3cret-pass")
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_selector('.chart[data-metric="my_plugin/score"]', timeout=30_000)
+            titles = page.eval_on_selector_all(
+                ".chart",
+                "els => Object.fromEntries(els.map((e) => [e.dataset.metric, e.querySelector('.chart-title span').title]))",
+            )
+            title = titles.get
+            assert title("reward") == CATALOGUE["reward"].help
+            assert title("rollout/vllm_retry_count") == CATALOGUE["rollout/vllm_retry_count"].help
+            assert title("rewards/accuracy_reward/mean") == metric("rewards/accuracy_reward/mean").help
+            assert title("my_plugin/score") == ""  # no title attribute
+            groups = page.eval_on_selector_all(".metric-group", "els => els.map((e) => e.dataset.group)")
+            assert groups == ["train", "rewards", "rollout", "my_plugin"]  # reading order, unknown last
+            assert not errors, errors
+        finally:
+            browser.close()

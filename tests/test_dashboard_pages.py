@@ -135,6 +135,7 @@ def test_run_page_carries_what_the_dashboard_script_needs():
     html = browser_for(alice).get(f"/runs/{run.pk}/").content.decode()
     assert f'data-ws="/ws/runs/{run.pk}/"' in html and 'data-max-steps="12"' in html
     assert f'data-api="/api/v1/runs/{run.pk}/"' in html
+    assert 'data-catalogue="/api/v1/metrics/catalogue/"' in html  # chart groups and title tooltips
     for script in ("vendor/uplot/uPlot.iife.min.js", "runs/charts.js", "runs/dashboard.js"):
         assert script in html
     assert 'id="stop-form"' in html and f'data-api="/api/v1/runs/{run.pk}/stop/"' in html

@@ -62,6 +62,34 @@ def test_registry_lists_names_and_spec_defaults(alice):
     assert body["main_args"]["learning_rate"] == 1e-6
 
 
+def test_metric_catalogue_endpoint_lists_every_declaration(alice):
+    from trainer.metrics import CATALOGUE, NAMESPACES
+
+    body = api_for(alice).get("/api/v1/metrics/catalogue/").json()
+    assert body["namespaces"] == list(NAMESPACES)
+    by_name = {m["name"]: m for m in body["metrics"]}
+    assert list(by_name) == list(CATALOGUE)
+    assert by_name["rollout/vllm_retry_count"] | {"help": ""} == {
+        "name": "rollout/vllm_retry_count",
+        "reduction": "sum",
+        "unit": "requests",
+        "help": "",
+        "when": "",
+        "namespace": "rollout",
+        "templated": False,
+    }
+    assert by_name["rollout/vllm_retry_count"]["help"] == CATALOGUE["rollout/vllm_retry_count"].help
+    assert (
+        by_name["rewards/{name}/mean"]["templated"]
+        and by_name["rewards/{name}/mean"]["namespace"] == "rewards"
+    )
+    assert by_name["reward"]["namespace"] == "train"
+    assert APIClient().get("/api/v1/metrics/catalogue/").status_code in (
+        401,
+        403,
+    )  # authenticated, as reads are
+
+
 def test_create_returns_201_and_the_run(alice):
     response = api_for(alice).post("/api/v1/runs/", {"config": good_config()}, format="json")
     assert response.status_code == 201, response.content
@@ -379,6 +407,7 @@ def test_openapi_schema_lists_the_run_endpoints(alice):
         "/api/v1/runs/{run_id}/metrics/",
         "/api/v1/runs/{run_id}/completions/",
         "/api/v1/registry/",
+        "/api/v1/metrics/catalogue/",
     ):
         assert path in schema["paths"], path
 

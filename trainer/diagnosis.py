@@ -24,6 +24,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainer.metrics import (
+    BATCH_SAMPLES_PER_STEP,
+    COMPLETIONS_CLIPPED_RATIO,
+    COMPLETIONS_DUPLICATE_FRAC,
+    ENTROPY,
+    FRAC_REWARD_ZERO_STD,
+    PERF_ROLLOUT_WAIT_S,
+    PERF_STEP_S,
+    REWARD,
+    REWARD_DROPPED,
+    ROLLOUT_BACKPRESSURE_S,
+    ROLLOUT_CONCURRENCY,
+    ROLLOUT_CONCURRENCY_CAP,
+    ROLLOUT_QUEUE_SIZE,
+    ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC,
+    SAMPLE_STALENESS_MEAN,
+)
 from trainer.run_schema import DEFAULTS
 
 __all__ = ["DEFAULT_WINDOW_STEPS", "TOPICS", "Diagnosis", "diagnose", "infer_reward_range"]
@@ -199,12 +216,12 @@ def _wait_evidence(w: Mapping[str, Points], name: str, step_s: float | None) -> 
 
 def _queue_fill(w: Mapping[str, Points], cfg: Mapping[str, int]) -> float | None:
     """Queued samples as a share of max(max_staleness, 1) steps' worth; None if not computable."""
-    if "rollout/queue_size" not in w or "batch/samples_per_step" not in w:
+    if ROLLOUT_QUEUE_SIZE not in w or BATCH_SAMPLES_PER_STEP not in w:
         return None
-    per_step = _mean(w["batch/samples_per_step"])
+    per_step = _mean(w[BATCH_SAMPLES_PER_STEP])
     if per_step <= 0:
         return None
-    return _mean(w["rollout/queue_size"]) / (per_step * max(cfg["max_staleness"], 1))
+    return _mean(w[ROLLOUT_QUEUE_SIZE]) / (per_step * max(cfg["max_staleness"], 1))
 
 
 BOTTLENECK = {
@@ -254,19 +271,19 @@ def _bottleneck_verdict(rw: str, bp: str, fill: float | None, rw_x: float, bp_x:
 
 def _bottleneck(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | None:
     """Spec "Rollout queue": the two waits, read with the queue size, say which side is the bottleneck."""
-    if "perf/rollout_wait_s" not in w or "rollout/backpressure_s" not in w:
+    if PERF_ROLLOUT_WAIT_S not in w or ROLLOUT_BACKPRESSURE_S not in w:
         return None  # the reading needs both mirror images
-    step_s = _mean(w["perf/step_s"]) if "perf/step_s" in w else None
-    rw_s, bp_s = _mean(w["perf/rollout_wait_s"]), _mean(w["rollout/backpressure_s"])
+    step_s = _mean(w[PERF_STEP_S]) if PERF_STEP_S in w else None
+    rw_s, bp_s = _mean(w[PERF_ROLLOUT_WAIT_S]), _mean(w[ROLLOUT_BACKPRESSURE_S])
     rw, bp = _wait_level(rw_s, step_s), _wait_level(bp_s, step_s)
     fill = _queue_fill(w, cfg)
     scale = step_s if step_s and step_s > 0 else 1.0
     verdict, exact = _bottleneck_verdict(rw, bp, fill, rw_s / scale, bp_s / scale)
     ev = {
-        **_wait_evidence(w, "perf/rollout_wait_s", step_s),
-        **_wait_evidence(w, "rollout/backpressure_s", step_s),
+        **_wait_evidence(w, PERF_ROLLOUT_WAIT_S, step_s),
+        **_wait_evidence(w, ROLLOUT_BACKPRESSURE_S, step_s),
     }
-    for name in ("perf/step_s", "rollout/queue_size", "batch/samples_per_step", "sample/staleness_mean"):
+    for name in (PERF_STEP_S, ROLLOUT_QUEUE_SIZE, BATCH_SAMPLES_PER_STEP, SAMPLE_STALENESS_MEAN):
         if name in w:
             ev[name] = _mean(w[name])
     if fill is not None:
@@ -309,18 +326,17 @@ CONCURRENCY = {
 def _concurrency_verdict(w: Mapping[str, Points], cfg: Mapping[str, int], step_s: float | None) -> str:
     """The first of the spec's three readings that holds, in the spec's order; else "none"."""
     hard = cfg["max_concurrent_rollouts"]
-    running = _mean(w["rollout/concurrency"]) if "rollout/concurrency" in w else None
-    if "rollout/backpressure_s" in w and _wait_level(_mean(w["rollout/backpressure_s"]), step_s) != "low":
+    running = _mean(w[ROLLOUT_CONCURRENCY]) if ROLLOUT_CONCURRENCY in w else None
+    if ROLLOUT_BACKPRESSURE_S in w and _wait_level(_mean(w[ROLLOUT_BACKPRESSURE_S]), step_s) != "low":
         return "staleness_limit"
-    if "rollout/concurrency_cap" in w:
-        cap = _mean(w["rollout/concurrency_cap"])
+    if ROLLOUT_CONCURRENCY_CAP in w:
+        cap = _mean(w[ROLLOUT_CONCURRENCY_CAP])
         if cap < CAP_BELOW_FRAC * hard and (running is None or running >= AT_LIMIT_FRAC * cap):
             return "server_load"
     kv_low = (
-        "rollout/vllm_kv_cache_usage_frac" not in w
-        or _mean(w["rollout/vllm_kv_cache_usage_frac"]) < KV_LOW_USAGE
+        ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC not in w or _mean(w[ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC]) < KV_LOW_USAGE
     )
-    waiting = "perf/rollout_wait_s" in w and _wait_level(_mean(w["perf/rollout_wait_s"]), step_s) == "high"
+    waiting = PERF_ROLLOUT_WAIT_S in w and _wait_level(_mean(w[PERF_ROLLOUT_WAIT_S]), step_s) == "high"
     if running is not None and running >= AT_LIMIT_FRAC * hard and kv_low and waiting:
         return "max_concurrent_rollouts_ceiling"
     return "none"
@@ -332,13 +348,13 @@ def _concurrency(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis |
     A missing KV-usage metric (server without /metrics) does not block the ceiling reading: the cap is
     then max_concurrent_rollouts itself.
     """
-    names = ("rollout/concurrency", "rollout/concurrency_cap", "rollout/backpressure_s")
+    names = (ROLLOUT_CONCURRENCY, ROLLOUT_CONCURRENCY_CAP, ROLLOUT_BACKPRESSURE_S)
     if not any(n in w for n in names):
         return None
-    step_s = _mean(w["perf/step_s"]) if "perf/step_s" in w else None
+    step_s = _mean(w[PERF_STEP_S]) if PERF_STEP_S in w else None
     verdict = _concurrency_verdict(w, cfg, step_s)
     ev: dict[str, float] = {}
-    for name in (*names, "rollout/vllm_kv_cache_usage_frac", "perf/rollout_wait_s", "perf/step_s"):
+    for name in (*names, ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC, PERF_ROLLOUT_WAIT_S, PERF_STEP_S):
         if name in w:
             ev[name] = _mean(w[name])
     ev["config/max_concurrent_rollouts"] = float(cfg["max_concurrent_rollouts"])
@@ -352,7 +368,7 @@ def infer_reward_range(series: Mapping[str, Sequence[tuple[int, float | None]]])
 
     Reads the whole history, not the window: the range is a property of the reward functions.
     """
-    values = [v for name in ("reward", "reward_dropped") for _, v in _clean(series.get(name, []))]
+    values = [v for name in (REWARD, REWARD_DROPPED) for _, v in _clean(series.get(name, []))]
     if not values or all(0.0 <= v <= 1.0 for v in values):
         return 0.0, 1.0
     lo, hi = min(values), max(values)
@@ -478,22 +494,22 @@ def _saturation_verdict(state: _SatState) -> tuple[str, bool]:
 
 def _saturation(w: Mapping[str, Points], reward_range: tuple[float, float]) -> Diagnosis | None:
     """Spec "Saturation and duplicates", first table: the three curves against the reward range."""
-    if "frac_reward_zero_std" not in w:
+    if FRAC_REWARD_ZERO_STD not in w:
         return None
     lo, hi = reward_range
     width = hi - lo
-    frac = _mean(w["frac_reward_zero_std"])
-    frac_change = _change(w["frac_reward_zero_std"])  # frac lives in [0, 1]: no rescaling
-    ev = {"frac_reward_zero_std": frac, "frac_reward_zero_std:change": frac_change}
+    frac = _mean(w[FRAC_REWARD_ZERO_STD])
+    frac_change = _change(w[FRAC_REWARD_ZERO_STD])  # frac lives in [0, 1]: no rescaling
+    ev = {FRAC_REWARD_ZERO_STD: frac, f"{FRAC_REWARD_ZERO_STD}:change": frac_change}
     ev.update({"reward_range:lo": lo, "reward_range:hi": hi})
     frac_level = "low" if frac <= FRAC_ZERO_STD_LOW else "high" if frac >= FRAC_ZERO_STD_HIGH else "moderate"
     found: dict[str, tuple[float, str]] = {}  # name -> (position, trend)
-    for name in ("reward_dropped", "reward"):
+    for name in (REWARD_DROPPED, REWARD):
         if name in w:
             mean, change = _mean(w[name]), _change(w[name]) / width
             found[name] = (_position(mean, lo, hi), _trend(change))
             ev.update({name: mean, f"{name}:position": found[name][0], f"{name}:change": change})
-    dropped, reward = found.get("reward_dropped"), found.get("reward")
+    dropped, reward = found.get(REWARD_DROPPED), found.get(REWARD)
     state = _SatState(
         frac_level=frac_level,
         frac_trend=_trend(frac_change),
@@ -502,7 +518,7 @@ def _saturation(w: Mapping[str, Points], reward_range: tuple[float, float]) -> D
         reward_low=reward[0] <= NEAR_BOTTOM if reward else None,
         reward_trend=reward[1] if reward else None,
     )
-    if _recent(w["frac_reward_zero_std"]) >= ALL_DROPPED_FRAC:
+    if _recent(w[FRAC_REWARD_ZERO_STD]) >= ALL_DROPPED_FRAC:
         title, severity, advice = SATURATION["all_dropped"]
         return Diagnosis("saturation", "all_dropped", title, severity, ev, advice + _why_all_dropped(dropped))
     verdict, exact = _saturation_verdict(state)
@@ -554,7 +570,7 @@ DUPLICATES = {
 
 def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | None:
     """Spec "Saturation and duplicates", second table: duplicate_frac (and entropy)."""
-    name = "completions/duplicate_frac"
+    name = COMPLETIONS_DUPLICATE_FRAC
     if name not in w:
         return None
     g = max(cfg["num_generations"], 2)
@@ -563,11 +579,11 @@ def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | 
     ev = {name: _mean(w[name]), f"{name}:recent": recent, f"{name}:change": change}
     ev.update({f"{name}:ceiling": ceiling, "config/num_generations": float(g)})
     entropy_falling = False
-    if "entropy" in w:
-        entropy = _mean(w["entropy"])
-        rel = _change(w["entropy"]) / abs(entropy) if entropy else 0.0
+    if ENTROPY in w:
+        entropy = _mean(w[ENTROPY])
+        rel = _change(w[ENTROPY]) / abs(entropy) if entropy else 0.0
         entropy_falling = rel <= -ENTROPY_FALL_REL
-        ev.update({"entropy": entropy, "entropy:change_rel": rel})
+        ev.update({ENTROPY: entropy, f"{ENTROPY}:change_rel": rel})
     if recent >= DUP_NOT_RANDOM_OF_CEILING * ceiling:
         verdict = "not_random"
     elif change >= DUP_RISE_OF_CEILING * ceiling and entropy_falling:
@@ -583,7 +599,7 @@ def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | 
 # ==== clipping ========================================================================================
 def _clipping(w: Mapping[str, Points]) -> Diagnosis | None:
     """completions/clipped_ratio: the share of completions cut at max_completion_length without EOS."""
-    name = "completions/clipped_ratio"
+    name = COMPLETIONS_CLIPPED_RATIO
     if name not in w:
         return None
     ratio = _mean(w[name])

@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    BATCH_DROPPED_OVERSIZE_COUNT,
+    PERF_ROLLOUT_WAIT_S,
+    ROLLOUT_QUEUE_SIZE,
+    SAMPLE_DROPPED_STALE_COUNT,
+    SAMPLE_STALENESS_MAX,
+    SAMPLE_STALENESS_MEAN,
+    SAMPLE_TIME_IN_QUEUE_S,
+    MetricWindow,
+)
 from trainer.packing import MicroBatch, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
 from trainer.rollout.types import GroupResult, TrainingSequence
 
@@ -211,13 +220,13 @@ class RolloutFeed:
             for sample in row:
                 staleness = version - sample.model_version
                 if staleness > self.max_staleness:
-                    self.window.add("sample/dropped_stale_count", 1)
+                    self.window.add(SAMPLE_DROPPED_STALE_COUNT, 1)
                     self._sample_consumed(sample, self._position_of.get(id(sample), -1))
                     continue
                 if sample.queued_at:
-                    self.window.add("sample/time_in_queue_s", now - sample.queued_at)
-                self.window.add("sample/staleness_mean", staleness)
-                self.window.add("sample/staleness_max", staleness)
+                    self.window.add(SAMPLE_TIME_IN_QUEUE_S, now - sample.queued_at)
+                self.window.add(SAMPLE_STALENESS_MEAN, staleness)
+                self.window.add(SAMPLE_STALENESS_MAX, staleness)
                 kept.append(sample)
             kept_batch.append(kept)
         return kept_batch
@@ -243,18 +252,18 @@ class RolloutFeed:
         for sample in result.samples:
             self._position_of[id(sample)] = result.position
             if version - sample.model_version > self.max_staleness:  # already too old: skip packing it
-                self.window.add("sample/dropped_stale_count", 1)
+                self.window.add(SAMPLE_DROPPED_STALE_COUNT, 1)
                 self._sample_consumed(sample, result.position)
                 continue
             self._queued_samples += 1
             closed = self.batcher.add(sample)
             dropped = self.batcher.pop_dropped_oversize_count()
             if dropped:
-                self.window.add("batch/dropped_oversize_count", dropped)
+                self.window.add(BATCH_DROPPED_OVERSIZE_COUNT, dropped)
                 self._queued_samples -= 1
                 self._sample_consumed(sample, result.position)
             self._ready.extend(closed)
-        self.window.add("rollout/queue_size", self._queued_samples)
+        self.window.add(ROLLOUT_QUEUE_SIZE, self._queued_samples)
 
     def _count_dropped(self, result: GroupResult) -> None:
         """Count groups dropped in a row; warn at every multiple of ``dropped_groups_warning``."""
@@ -299,7 +308,7 @@ class RolloutFeed:
                     if position is not None:
                         self._sample_consumed(sample, position)
         wait, self.step_wait_s = self.step_wait_s, 0.0
-        self.window.add("perf/rollout_wait_s", wait)
+        self.window.add(PERF_ROLLOUT_WAIT_S, wait)
         rows = [r for mb in stats for r in mb]
         return {
             "raw_tokens": float(raw),

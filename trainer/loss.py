@@ -42,6 +42,21 @@ import torch
 import torch.utils.checkpoint
 
 from trainer.fused_head import fused_head_logits
+from trainer.metrics import (
+    CLIP_RATIO_HIGH_MAX,
+    CLIP_RATIO_HIGH_MEAN,
+    CLIP_RATIO_LOW_MEAN,
+    CLIP_RATIO_LOW_MIN,
+    CLIP_RATIO_REGION_MEAN,
+    ENTROPY,
+    SAMPLING_IS_RATIO_MAX,
+    SAMPLING_IS_RATIO_MEAN,
+    SAMPLING_IS_RATIO_MIN,
+    SAMPLING_LOGP_DIFF_MAX,
+    SAMPLING_LOGP_DIFF_MEAN,
+    SAMPLING_MASKED_MEAN,
+    SAMPLING_SAMPLER_MASS,
+)
 
 
 @dataclass(frozen=True)
@@ -356,22 +371,22 @@ def _metrics(
         high = high & (advantages > 0)
     sample_index = sample_index.to(ratio.device)
     values = {
-        "sampling/sampling_logp_difference/mean": diff.mean(),
-        "sampling/sampling_logp_difference/max": diff.max(),
-        "sampling/importance_sampling_ratio/min": ratio.min(),
-        "sampling/importance_sampling_ratio/mean": ratio.mean(),
-        "sampling/importance_sampling_ratio/max": ratio.max(),
-        "sampling/masked_mean": (~inside).float().mean(),
-        "entropy": policy.entropy.mean(),
-        "clip_ratio/region_mean": (low | high).float().mean(),
-        "clip_ratio/low_mean": low.float().mean(),
-        "clip_ratio/low_min": _per_sample_fraction(low, sample_index).min(),
-        "clip_ratio/high_mean": high.float().mean(),
-        "clip_ratio/high_max": _per_sample_fraction(high, sample_index).max(),
+        SAMPLING_LOGP_DIFF_MEAN: diff.mean(),
+        SAMPLING_LOGP_DIFF_MAX: diff.max(),
+        SAMPLING_IS_RATIO_MIN: ratio.min(),
+        SAMPLING_IS_RATIO_MEAN: ratio.mean(),
+        SAMPLING_IS_RATIO_MAX: ratio.max(),
+        SAMPLING_MASKED_MEAN: (~inside).float().mean(),
+        ENTROPY: policy.entropy.mean(),
+        CLIP_RATIO_REGION_MEAN: (low | high).float().mean(),
+        CLIP_RATIO_LOW_MEAN: low.float().mean(),
+        CLIP_RATIO_LOW_MIN: _per_sample_fraction(low, sample_index).min(),
+        CLIP_RATIO_HIGH_MEAN: high.float().mean(),
+        CLIP_RATIO_HIGH_MAX: _per_sample_fraction(high, sample_index).max(),
     }
     if config.score_centering and sampler_top_logprobs is not None:
         mu = torch.exp(sampler_top_logprobs.to(ratio.device).float())  # exp(-inf) = 0 for padding
-        values["sampling/sampler_mass"] = mu.sum(-1).mean()
+        values[SAMPLING_SAMPLER_MASS] = mu.sum(-1).mean()
     # one device-to-host transfer for all of them
     host = torch.stack([v.float() for v in values.values()]).tolist()
     return dict(zip(values, host, strict=True))

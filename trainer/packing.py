@@ -37,7 +37,26 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    BATCH_DROPPED_OVERSIZE_COUNT,
+    BATCH_FORWARDED_TOKENS_PER_STEP,
+    BATCH_GROUPS_PER_STEP,
+    BATCH_MASKED_TOKEN_FRAC,
+    BATCH_MICROBATCHES_PER_STEP,
+    BATCH_PACKING_RATIO,
+    BATCH_PAD_FRAC,
+    BATCH_ROW_FILL_FRAC,
+    BATCH_ROW_IMBALANCE,
+    BATCH_ROW_TOKENS_MAX,
+    BATCH_ROW_TOKENS_MEAN,
+    BATCH_SAMPLES_PER_ROW,
+    BATCH_SAMPLES_PER_STEP,
+    BATCH_TRAINED_TOKENS_PER_STEP,
+    SAMPLE_FORWARDED_TOKENS_MAX,
+    SAMPLE_FORWARDED_TOKENS_MEAN,
+    SAMPLE_TRAINED_TOKENS_MEAN,
+    MetricWindow,
+)
 from trainer.rollout.types import TrainingSequence
 
 logger = logging.getLogger(__name__)
@@ -544,24 +563,24 @@ def batch_metrics(
             imbalance.append(max(costs) / mean_cost)
 
     per_step = {
-        "batch/forwarded_tokens_per_step": float(forwarded),
-        "batch/trained_tokens_per_step": float(sum(r.trained_tokens for r in rows)),
-        "batch/samples_per_step": float(len(sample_tokens)),
-        "batch/groups_per_step": float(len(groups)),
-        "batch/microbatches_per_step": float(len(micro_batches)),
-        "batch/masked_token_frac": 1.0 - trained_positions / forwarded if forwarded else 0.0,
-        "batch/row_tokens_max": float(max((r.forwarded_tokens for r in rows), default=0)),
-        "batch/packing_ratio": raw / forwarded if forwarded else 1.0,
-        "batch/pad_frac": pad / padded if padded else 0.0,
-        "batch/dropped_oversize_count": float(dropped_oversize_count),
-        "sample/forwarded_tokens_max": float(max(sample_tokens, default=0)),
+        BATCH_FORWARDED_TOKENS_PER_STEP: float(forwarded),
+        BATCH_TRAINED_TOKENS_PER_STEP: float(sum(r.trained_tokens for r in rows)),
+        BATCH_SAMPLES_PER_STEP: float(len(sample_tokens)),
+        BATCH_GROUPS_PER_STEP: float(len(groups)),
+        BATCH_MICROBATCHES_PER_STEP: float(len(micro_batches)),
+        BATCH_MASKED_TOKEN_FRAC: 1.0 - trained_positions / forwarded if forwarded else 0.0,
+        BATCH_ROW_TOKENS_MAX: float(max((r.forwarded_tokens for r in rows), default=0)),
+        BATCH_PACKING_RATIO: raw / forwarded if forwarded else 1.0,
+        BATCH_PAD_FRAC: pad / padded if padded else 0.0,
+        BATCH_DROPPED_OVERSIZE_COUNT: float(dropped_oversize_count),
+        SAMPLE_FORWARDED_TOKENS_MAX: float(max(sample_tokens, default=0)),
     }
     observations = {
-        "batch/samples_per_row": [float(len(r.sample_tokens)) for r in rows],
-        "batch/row_tokens_mean": [float(r.forwarded_tokens) for r in rows],
-        "batch/row_fill_frac": [r.forwarded_tokens / token_budget for r in rows],
-        "batch/row_imbalance": imbalance,
-        "sample/forwarded_tokens_mean": [float(n) for n in sample_tokens],
-        "sample/trained_tokens_mean": [float(n) for n in sample_trained],
+        BATCH_SAMPLES_PER_ROW: [float(len(r.sample_tokens)) for r in rows],
+        BATCH_ROW_TOKENS_MEAN: [float(r.forwarded_tokens) for r in rows],
+        BATCH_ROW_FILL_FRAC: [r.forwarded_tokens / token_budget for r in rows],
+        BATCH_ROW_IMBALANCE: imbalance,
+        SAMPLE_FORWARDED_TOKENS_MEAN: [float(n) for n in sample_tokens],
+        SAMPLE_TRAINED_TOKENS_MEAN: [float(n) for n in sample_trained],
     }
     return BatchMetrics(per_step=per_step, observations=observations, forwarded_tokens=forwarded)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-POSTFIX = (("reward", "reward"), ("perf/wall_clock_forwarded_tokens_per_s", "tok/s"), ("loss", "loss"))
+from trainer.metrics import EPOCH, LOSS, PERF_WALL_CLOCK_FORWARDED_TOKENS_PER_S, REWARD
+
+POSTFIX = ((REWARD, "reward"), (PERF_WALL_CLOCK_FORWARDED_TOKENS_PER_S, "tok/s"), (LOSS, "loss"))
 
 
 class RunProgressCallback(TrainerCallback):
@@ -36,8 +38,8 @@ class RunProgressCallback(TrainerCallback):
             value = logs.get(key)
             if isinstance(value, int | float):
                 postfix[label] = f"{value:.4g}"
-        if "epoch" in logs and args.max_steps <= 0:
-            postfix["epoch"] = f"{logs['epoch']:.2f}"
+        if EPOCH in logs and args.max_steps <= 0:
+            postfix["epoch"] = f"{logs[EPOCH]:.2f}"
         if postfix:
             self.bar.set_postfix(postfix, refresh=False)
 

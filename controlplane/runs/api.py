@@ -74,6 +74,21 @@ class RegistryApi(APIView):
         return Response(selectors.registry_get())
 
 
+class MetricCatalogueApi(APIView):
+    @extend_schema(
+        summary="Every metric the trainer logs: name (or pattern such as rewards/{name}/mean), window reduction, unit, namespace, help text, when it is logged; the namespaces in reading order",
+        responses=inline_serializer(
+            "MetricCatalogue",
+            {
+                "namespaces": serializers.ListField(child=serializers.CharField()),
+                "metrics": serializers.ListField(child=serializers.DictField()),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.metric_catalogue_get())
+
+
 class RegistryDatasetApi(APIView):
     @extend_schema(
         summary="A registered dataset's columns, row count and first rows (what the form previews)",

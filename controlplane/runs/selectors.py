@@ -15,6 +15,7 @@ from django.http import Http404
 from controlplane.runs.ingest import finite_or_none
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent
 from trainer import registry, run_schema
+from trainer.metrics import REWARD, catalogue_payload
 
 # The form's main hyper-parameters (the rest go in its advanced JSON box).
 MAIN_ARGS = (
@@ -45,7 +46,7 @@ def run_list_with_progress(*, user: Any) -> QuerySet[Run]:
     points = MetricPoint.objects.filter(run=OuterRef("pk"))
     return run_list(user=user).annotate(
         last_step=Subquery(points.order_by("-step").values("step")[:1]),
-        last_reward=Subquery(points.filter(name="reward").order_by("-step").values("value")[:1]),
+        last_reward=Subquery(points.filter(name=REWARD).order_by("-step").values("value")[:1]),
     )
 
 
@@ -198,6 +199,13 @@ REGISTRY_KEYS = {
     "environment": "environments",
     "rollout_loop": "rollout_loops",
 }
+
+
+def metric_catalogue_get() -> dict[str, Any]:
+    """``GET /api/v1/metrics/catalogue/``: the namespaces in reading order and every declared metric
+    (name or ``{pattern}``, reduction, unit, namespace, help, when it is logged), from
+    :mod:`trainer.metrics`."""
+    return catalogue_payload()
 
 
 def registry_get() -> dict[str, Any]:

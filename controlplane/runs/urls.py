@@ -21,6 +21,7 @@ web_patterns = [
 api_patterns = [
     path("registry/", api.RegistryApi.as_view(), name="registry"),
     path("registry/datasets/<str:name>/", api.RegistryDatasetApi.as_view(), name="registry-dataset"),
+    path("metrics/catalogue/", api.MetricCatalogueApi.as_view(), name="metric-catalogue"),
     path("runs/", api.RunListCreateApi.as_view(), name="run-list"),
     path("runs/<int:run_id>/", api.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<int:run_id>/stop/", api.RunStopApi.as_view(), name="run-stop"),

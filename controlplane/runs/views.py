@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from controlplane.runs import presets, selectors, services
 from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
+from trainer.metrics import REWARD
 from trainer.run_config import RunConfigError
 
 
@@ -41,7 +42,7 @@ def run_compare_view(request: HttpRequest) -> HttpResponse:
         "runs/run_compare.html",
         {
             "runs": runs,
-            "metric": request.GET.get("metric") or "reward",
+            "metric": request.GET.get("metric") or REWARD,
             "run_ids": ",".join(str(r.pk) for r in runs),
             "metric_names": selectors.metric_names(runs=runs),
         },

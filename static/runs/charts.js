@@ -81,5 +81,25 @@ const GrpoCharts = (() => {
     return slash < 0 ? "train" : name.slice(0, slash);
   }
 
-  return { PALETTE, formatValue, formatDuration, lineChart, fitWidths, namespaceOf };
+  /**
+   * The metric catalogue (GET /api/v1/metrics/catalogue/) as a lookup: `lookup(name)` is the
+   * declaration of a concrete name (exact names first, then patterns such as "rewards/{name}/mean"),
+   * or null for a name it does not declare (a plugin's own metric).
+   */
+  function catalogue(payload) {
+    const metrics = (payload && payload.metrics) || [];
+    const exact = new Map(metrics.filter((m) => !m.templated).map((m) => [m.name, m]));
+    const escape = (s) => s.replace(/[.*+?^$()|[\]\\]/g, "\\$&");
+    const patterns = metrics.filter((m) => m.templated).map((m) => [
+      new RegExp("^" + m.name.split(/\{\w+\}/).map(escape).join(".+") + "$"), m,
+    ]);
+    function lookup(name) {
+      if (exact.has(name)) return exact.get(name);
+      const hit = patterns.find(([re]) => re.test(name));
+      return hit ? hit[1] : null;
+    }
+    return { lookup, namespaces: (payload && payload.namespaces) || [] };
+  }
+
+  return { PALETTE, formatValue, formatDuration, lineChart, fitWidths, namespaceOf, catalogue };
 })();

@@ -2,6 +2,7 @@
 //
 //   GET  {api}metrics/?layout=columns   every series, as parallel step/value arrays
 //   GET  {api}completions/, events/, diagnosis/
+//   GET  {catalogue}                    the metric catalogue: chart groups, their order, title tooltips
 //   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
 //
 // Charts are redrawn at most once per animation frame however many messages arrive; the diagnosis is
@@ -13,7 +14,6 @@
   if (!root) return;
   const API = root.dataset.api; // ".../api/v1/runs/<id>/"
   const ACTIVE = new Set(["queued", "starting", "running", "stopping"]);
-  const NAMESPACE_ORDER = ["train", "rewards", "completions", "sampling", "clip_ratio", "rollout", "sample", "batch", "perf", "tools"];
   const DIAGNOSIS_EVERY_MS = 5000;
   const MAX_EVENTS = 300;
   const ETA_WINDOW = 10; // steps of perf/step_s averaged for the ETA
@@ -33,6 +33,7 @@
     lastEventId: 0,
     everOpen: false, // a socket has been open once: the next open is a reconnect
     reconnects: 0, // socket re-opens after a drop (root.dataset.reconnects mirrors it for tests)
+    catalogue: GrpoCharts.catalogue(null), // replaced by the server's before any chart is made
   };
 
   // ---------------------------------------------------------------- helpers
@@ -47,10 +48,22 @@
     return node;
   }
 
-  async function getJSON(path) {
-    const resp = await fetch(API + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
-    if (!resp.ok) throw new Error(`${path}: HTTP ${resp.status}`);
+  async function fetchJSON(url) {
+    const resp = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!resp.ok) throw new Error(`${url}: HTTP ${resp.status}`);
     return resp.json();
+  }
+
+  function getJSON(path) {
+    return fetchJSON(API + path);
+  }
+
+  /** The metric catalogue, or an empty one if it cannot be read (charts then lack tooltips only). */
+  function loadCatalogue() {
+    return fetchJSON(root.dataset.catalogue).catch((err) => {
+      console.warn(`metric catalogue: ${err}`);
+      return null;
+    });
   }
 
   /** Index of the first element >= x in a sorted array. */
@@ -72,8 +85,9 @@
     section = el("section", { class: "metric-group", "data-group": namespace },
       el("h3", { text: namespace === "train" ? "reward, loss and training" : namespace + "/" }),
       el("div", { class: "charts" }));
-    // Keep namespaces in the spec's reading order; unknown ones go last, alphabetically.
-    const rank = (ns) => { const i = NAMESPACE_ORDER.indexOf(ns); return i < 0 ? NAMESPACE_ORDER.length : i; };
+    // Keep namespaces in the catalogue's (the spec's) reading order; unknown ones go last, alphabetically.
+    const order = state.catalogue.namespaces;
+    const rank = (ns) => { const i = order.indexOf(ns); return i < 0 ? order.length : i; };
     const after = [...container.querySelectorAll(".metric-group")].find((s) => {
       const other = s.dataset.group;
       return rank(other) > rank(namespace) || (rank(other) === rank(namespace) && other > namespace);
@@ -86,11 +100,14 @@
   function seriesFor(name) {
     let s = state.series.get(name);
     if (s) return s;
-    const charts = groupSection(GrpoCharts.namespaceOf(name));
+    const declared = state.catalogue.lookup(name);
+    const charts = groupSection(declared ? declared.namespace : GrpoCharts.namespaceOf(name));
     const last = el("span", { class: "chart-last" });
     const box = el("div", { class: "chart-plot" });
+    // The title's tooltip is the catalogue's help text (a plugin's undeclared metric has none).
+    const title = el("span", declared ? { text: name, title: declared.help } : { text: name });
     const card = el("div", { class: "chart", "data-metric": name, "data-points": "0" },
-      el("div", { class: "chart-title" }, el("span", { text: name }), last), box);
+      el("div", { class: "chart-title" }, title, last), box);
     // "reward" and the loss lead their group; the rest keep name order.
     const rank = (m) => (m === "reward" ? "0" : m === "loss" ? "1" : "2" + m);
     const before = [...charts.children].find((c) => rank(c.dataset.metric) > rank(name));
@@ -463,11 +480,13 @@
   }
 
   async function loadHistory() {
-    const [metrics, completions, events] = await Promise.all([
+    const [catalogue, metrics, completions, events] = await Promise.all([
+      loadCatalogue(),
       getJSON("metrics/?layout=columns"),
       getJSON("completions/?page_size=500"),
       getJSON("events/"),
     ]);
+    state.catalogue = GrpoCharts.catalogue(catalogue);
     loadMetricColumns(metrics.series);
     loadCompletionPage(completions.results);
     renderCompletions();

@@ -14,7 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    ROLLOUT_DRIFT_TOKENS_MAX,
+    ROLLOUT_DRIFT_TOKENS_MEAN,
+    ROLLOUT_DURATION_S,
+    ROLLOUT_FORK_FRAC,
+    ROLLOUT_SAMPLES_PER_ROLLOUT,
+    ROLLOUT_TURNS_MAX,
+    ROLLOUT_TURNS_MEAN,
+    ROLLOUT_VLLM_RETRY_COUNT,
+    TOOLS_CALL_FREQUENCY,
+    TOOLS_FAILURE_FREQUENCY,
+    MetricWindow,
+)
 from trainer.rollout.multiturn import reconcile_turns
 from trainer.rollout.scoring import GroupScore
 from trainer.rollout.types import Rollout, RolloutGroup, TrainingSequence
@@ -95,24 +107,24 @@ def record_rollout_metrics(
     """Per-rollout generation metrics (``rollout/*``, ``tools/call_frequency``) of one group, dropped
     or kept. Returns the group's generated tokens (every turn's sampled ids, tool results excluded)."""
     # A sum that reads 0 (not absent) in windows without retries, so dashboards plot a line.
-    window.add("rollout/vllm_retry_count", 0)
+    window.add(ROLLOUT_VLLM_RETRY_COUNT, 0)
     generated = 0
     for outcome, seqs, (forks, drift) in zip(
         outcomes, group.completions_sequences, reconcile_stats, strict=True
     ):
         rollout = outcome.rollout
         generated += sum(len(t.output_ids) for t in rollout.turns)
-        window.add("rollout/duration_s", outcome.duration_s)
-        window.add("rollout/turns_mean", len(rollout.turns))
-        window.add("rollout/turns_max", len(rollout.turns))
-        window.add("rollout/samples_per_rollout", len(seqs))
-        window.extend("rollout/fork_frac", forks)
-        window.extend("rollout/drift_tokens_mean", drift)
-        window.extend("rollout/drift_tokens_max", drift)
+        window.add(ROLLOUT_DURATION_S, outcome.duration_s)
+        window.add(ROLLOUT_TURNS_MEAN, len(rollout.turns))
+        window.add(ROLLOUT_TURNS_MAX, len(rollout.turns))
+        window.add(ROLLOUT_SAMPLES_PER_ROLLOUT, len(seqs))
+        window.extend(ROLLOUT_FORK_FRAC, forks)
+        window.extend(ROLLOUT_DRIFT_TOKENS_MEAN, drift)
+        window.extend(ROLLOUT_DRIFT_TOKENS_MAX, drift)
         if has_tools:
-            window.add("tools/call_frequency", rollout.tool_call_count)
+            window.add(TOOLS_CALL_FREQUENCY, rollout.tool_call_count)
             if rollout.tool_call_count == 0:  # failure_frequency is NaN in a window without calls
-                window.add("tools/failure_frequency", math.nan)
+                window.add(TOOLS_FAILURE_FREQUENCY, math.nan)
     return generated
 
 

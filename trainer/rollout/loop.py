@@ -41,7 +41,19 @@ from typing import Any
 import numpy as np
 
 from trainer.chat_template import assistant_message_from_text, parse_tool_calls
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    ROLLOUT_BACKPRESSURE_S,
+    ROLLOUT_CONCURRENCY,
+    ROLLOUT_CONCURRENCY_CAP,
+    ROLLOUT_GENERATED_TOKENS_PER_S,
+    ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC,
+    ROLLOUT_VLLM_PREEMPTION_COUNT,
+    ROLLOUT_VLLM_QUEUED_REQUESTS,
+    ROLLOUT_VLLM_RETRY_COUNT,
+    ROLLOUT_VLLM_RUNNING_REQUESTS,
+    TOOLS_LOOP_EXHAUSTED_FRAC,
+    MetricWindow,
+)
 from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
 from trainer.rollout.flow import POLL_INTERVAL_S, ConcurrencyController, StalenessGate
 from trainer.rollout.groups import RolloutOutcome, build_group, completion_records, record_rollout_metrics
@@ -189,7 +201,7 @@ class AsyncRolloutLoop:
             messages.extend(outcome.messages)
             completion.extend(outcome.messages)
         if self._has_tools:
-            self.window.add("tools/loop_exhausted_frac", 1.0 if exhausted else 0.0)
+            self.window.add(TOOLS_LOOP_EXHAUSTED_FRAC, 1.0 if exhausted else 0.0)
         return Rollout(
             completion=completion,
             completion_ids=[t for turn in turns for t in turn.output_ids],
@@ -284,7 +296,7 @@ class AsyncRolloutLoop:
             config.vllm_server_base_url,
             self.model_name,
             timeout=config.vllm_server_timeout,
-            on_retry=lambda: self.window.add("rollout/vllm_retry_count", 1),
+            on_retry=lambda: self.window.add(ROLLOUT_VLLM_RETRY_COUNT, 1),
             max_connections=config.max_concurrent_rollouts,
         )
         self._spawn(self._heartbeat())
@@ -403,16 +415,16 @@ class AsyncRolloutLoop:
         """Sample the gauges and ship the window (and logged completions) to the trainer."""
         now = time.monotonic()
         if self.controller is not None:
-            self.window.add("rollout/concurrency", self._running)
-            self.window.add("rollout/concurrency_cap", self.controller.cap)
+            self.window.add(ROLLOUT_CONCURRENCY, self._running)
+            self.window.add(ROLLOUT_CONCURRENCY_CAP, self.controller.cap)
             self._score_queue.record_size()
             self.window.add_rate(
-                "rollout/generated_tokens_per_s", self._generated_tokens, now - self._rate_started
+                ROLLOUT_GENERATED_TOKENS_PER_S, self._generated_tokens, now - self._rate_started
             )
             self._generated_tokens = 0
             self._rate_started = now
             if self._backpressure_since is not None:  # a long wait shows up while it lasts
-                self.window.add("rollout/backpressure_s", now - self._backpressure_since)
+                self.window.add(ROLLOUT_BACKPRESSURE_S, now - self._backpressure_since)
                 self._backpressure_since = now
         if not self.window and not self._completions:
             return
@@ -433,12 +445,12 @@ class AsyncRolloutLoop:
         except Exception:  # a failed poll keeps the current cap; generation requests retry on their own
             return
         if load is not None:
-            self.window.add("rollout/vllm_kv_cache_usage_frac", load.kv_cache_usage)
-            self.window.add("rollout/vllm_running_requests", load.running)
-            self.window.add("rollout/vllm_queued_requests", load.waiting)
+            self.window.add(ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC, load.kv_cache_usage)
+            self.window.add(ROLLOUT_VLLM_RUNNING_REQUESTS, load.running)
+            self.window.add(ROLLOUT_VLLM_QUEUED_REQUESTS, load.waiting)
             if self._last_preemptions is not None:
                 self.window.add(
-                    "rollout/vllm_preemption_count", max(0.0, load.preemptions_total - self._last_preemptions)
+                    ROLLOUT_VLLM_PREEMPTION_COUNT, max(0.0, load.preemptions_total - self._last_preemptions)
                 )
             self._last_preemptions = load.preemptions_total
         self.controller.observe(load)
@@ -522,7 +534,7 @@ class AsyncRolloutLoop:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), ADMIT_POLL_S)
-        self.window.add("rollout/backpressure_s", waited_staleness)
+        self.window.add(ROLLOUT_BACKPRESSURE_S, waited_staleness)
         self._wanting += self.config.num_generations
         return self.gate.admit()
 

@@ -19,7 +19,18 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    ENV_RESET_S,
+    ENV_REWARD_S,
+    TOOL_CALL_COUNT,
+    TOOL_FAILURE_COUNT,
+    TOOL_LATENCY_S,
+    TOOLS_FAILURE_FREQUENCY,
+    TOOLS_LATENCY_S,
+    TOOLS_PARALLEL_CALLS_MEAN,
+    TOOLS_UNKNOWN_NAME_COUNT,
+    MetricWindow,
+)
 from trainer.rollout.scoring import is_async_callable
 from trainer.rollout.types import TrainingSequence, TurnRecord
 
@@ -110,7 +121,7 @@ async def run_tool_calls(
     """
     by_name = {tool_name(t): t for t in tools}
     outcome = ToolOutcome()
-    window.add("tools/parallel_calls_mean", len(calls))
+    window.add(TOOLS_PARALLEL_CALLS_MEAN, len(calls))
     for call in calls:
         name = call.get("name")
         outcome.calls += 1
@@ -119,7 +130,7 @@ async def run_tool_calls(
         if "error" in call:
             content = f"Error: {call['error']}"
         elif name not in by_name:
-            window.add("tools/unknown_name_count", 1)
+            window.add(TOOLS_UNKNOWN_NAME_COUNT, 1)
             content = f"Error: unknown tool {name!r}; available: {', '.join(sorted(by_name)) or 'none'}"
         else:
             try:
@@ -131,12 +142,12 @@ async def run_tool_calls(
                 content = f"Error: {type(exc).__name__}: {exc}"
         latency = time.monotonic() - started
         outcome.failures += int(failed)
-        window.add("tools/latency_s", latency)
-        window.add("tools/failure_frequency", 1.0 if failed else 0.0)
+        window.add(TOOLS_LATENCY_S, latency)
+        window.add(TOOLS_FAILURE_FREQUENCY, 1.0 if failed else 0.0)
         if name in by_name:
-            window.add(f"tools/{name}/latency_s", latency)
-            window.add(f"tools/{name}/call_count", 1)
-            window.add(f"tools/{name}/failure_count", int(failed))
+            window.add(TOOL_LATENCY_S.format(tool=name), latency)
+            window.add(TOOL_CALL_COUNT.format(tool=name), 1)
+            window.add(TOOL_FAILURE_COUNT.format(tool=name), int(failed))
         outcome.messages.append({"role": "tool", "name": name or "", "content": content})
     return outcome
 
@@ -202,7 +213,7 @@ class EnvironmentPool:
         text = await asyncio.get_running_loop().run_in_executor(self.executor, lambda: env.reset(**kwargs))
         if inspect.isawaitable(text):
             text = await text
-        window.add("env/reset_s", time.monotonic() - started)
+        window.add(ENV_RESET_S, time.monotonic() - started)
         if text is None:
             return None if prompt is None else [dict(m) for m in prompt]
         if prompt is None:
@@ -225,7 +236,7 @@ class EnvironmentPool:
             value = await getter()
         else:
             value = await asyncio.get_running_loop().run_in_executor(self.executor, getter)
-        window.add("env/reward_s", time.monotonic() - started)
+        window.add(ENV_REWARD_S, time.monotonic() - started)
         return None if value is None else float(value)
 
 

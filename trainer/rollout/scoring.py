@@ -29,7 +29,28 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import MetricWindow
+from trainer.metrics import (
+    COMPLETIONS_CLIPPED_RATIO,
+    COMPLETIONS_DUPLICATE_FRAC,
+    COMPLETIONS_MAX_LENGTH,
+    COMPLETIONS_MAX_TERMINATED_LENGTH,
+    COMPLETIONS_MEAN_LENGTH,
+    COMPLETIONS_MEAN_TERMINATED_LENGTH,
+    COMPLETIONS_MIN_LENGTH,
+    COMPLETIONS_MIN_TERMINATED_LENGTH,
+    FRAC_REWARD_ZERO_STD,
+    REWARD,
+    REWARD_DROPPED,
+    REWARD_FUNC_GROUP_STD,
+    REWARD_FUNC_MEAN,
+    REWARD_GROUP_STD,
+    REWARD_KEPT,
+    ROLLOUT_SCORE_BLOCK_S,
+    ROLLOUT_SCORE_QUEUE_SIZE,
+    ROLLOUT_SCORE_S,
+    ROLLOUT_SCORE_WAIT_S,
+    MetricWindow,
+)
 from trainer.rollout.types import Rollout, RolloutGroup
 
 __all__ = [
@@ -226,21 +247,21 @@ def record_reward_metrics(
     """
     rewards = score.rewards
     scored = ~np.isnan(rewards)
-    window.extend("reward", rewards[scored].tolist())
+    window.extend(REWARD, rewards[scored].tolist())
     for name, values in score.per_source.items():
-        window.extend(f"rewards/{name}/mean", values[~np.isnan(values)].tolist())
-    window.add("frac_reward_zero_std", 0.0 if score.kept else 1.0)
+        window.extend(REWARD_FUNC_MEAN.format(name=name), values[~np.isnan(values)].tolist())
+    window.add(FRAC_REWARD_ZERO_STD, 0.0 if score.kept else 1.0)
     if not score.kept:
-        window.extend("reward_dropped", rewards[scored].tolist())
+        window.extend(REWARD_DROPPED, rewards[scored].tolist())
         return
     group_std = _group_std(rewards)
     source_stds = {name: _group_std(values) for name, values in score.per_source.items()}
     for reward, count in zip(rewards, samples_per_rollout, strict=True):
         for _ in range(count):
-            window.add("reward_kept", None if math.isnan(reward) else float(reward))
-            window.add("reward_group_std", group_std)
+            window.add(REWARD_KEPT, None if math.isnan(reward) else float(reward))
+            window.add(REWARD_GROUP_STD, group_std)
             for name, std in source_stds.items():
-                window.add(f"rewards/{name}/group_std", std)
+                window.add(REWARD_FUNC_GROUP_STD.format(name=name), std)
 
 
 def _terminated(rollout: Rollout, eos_token_ids: Set[int]) -> bool:
@@ -264,19 +285,19 @@ def record_completion_metrics(
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for rollout in rollouts:
         length = len(rollout.completion_ids)
-        for name in ("completions/mean_length", "completions/min_length", "completions/max_length"):
+        for name in (COMPLETIONS_MEAN_LENGTH, COMPLETIONS_MIN_LENGTH, COMPLETIONS_MAX_LENGTH):
             window.add(name, length)
         terminated = _terminated(rollout, eos_token_ids)
-        window.add("completions/clipped_ratio", 0.0 if terminated else 1.0)
+        window.add(COMPLETIONS_CLIPPED_RATIO, 0.0 if terminated else 1.0)
         if terminated:
             for name in (
-                "completions/mean_terminated_length",
-                "completions/min_terminated_length",
-                "completions/max_terminated_length",
+                COMPLETIONS_MEAN_TERMINATED_LENGTH,
+                COMPLETIONS_MIN_TERMINATED_LENGTH,
+                COMPLETIONS_MAX_TERMINATED_LENGTH,
             ):
                 window.add(name, length)
         key = tuple(tuple(turn.output_ids) for turn in rollout.turns)
-        window.add("completions/duplicate_frac", 1.0 if key in seen else 0.0)
+        window.add(COMPLETIONS_DUPLICATE_FRAC, 1.0 if key in seen else 0.0)
         seen.add(key)
 
 
@@ -296,22 +317,22 @@ class ScoreQueue:
     async def put(self, item: Any) -> None:
         started = time.monotonic()
         await self._queue.put((time.monotonic(), item))
-        self.window.add("rollout/score_block_s", time.monotonic() - started)
+        self.window.add(ROLLOUT_SCORE_BLOCK_S, time.monotonic() - started)
 
     def qsize(self) -> int:
         return self._queue.qsize()
 
     def record_size(self) -> None:
-        self.window.add("rollout/score_queue_size", self._queue.qsize())
+        self.window.add(ROLLOUT_SCORE_QUEUE_SIZE, self._queue.qsize())
 
     async def run(self) -> None:
         """Score forever (one item at a time; rewards of one group run concurrently)."""
         while True:
             queued_at, item = await self._queue.get()
             started = time.monotonic()
-            self.window.add("rollout/score_wait_s", started - queued_at)
+            self.window.add(ROLLOUT_SCORE_WAIT_S, started - queued_at)
             try:
                 await self.handler(item)
             finally:
-                self.window.add("rollout/score_s", time.monotonic() - started)
+                self.window.add(ROLLOUT_SCORE_S, time.monotonic() - started)
                 self._queue.task_done()

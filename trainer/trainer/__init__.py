@@ -40,7 +40,23 @@ from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_lm_head
 from trainer.host import share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
-from trainer.metrics import MetricWindow, fill_absent
+from trainer.metrics import (
+    AUX_LOSS,
+    FRAC_REWARD_ZERO_STD,
+    LOSS,
+    NUM_TOKENS,
+    PERF_FWD_BWD_FORWARDED_TOKENS_PER_S,
+    PERF_FWD_BWD_MFU,
+    PERF_FWD_BWD_S,
+    PERF_FWD_S,
+    PERF_OPTIMIZER_S,
+    PERF_STEP_S,
+    PERF_WALL_CLOCK_FORWARDED_TOKENS_PER_S,
+    PERF_WALL_CLOCK_MFU,
+    PERF_WALL_CLOCK_TRAINED_TOKENS_PER_S,
+    MetricWindow,
+    fill_absent,
+)
 from trainer.modeling import (
     adapter_state_for_sync,
     compile_pointwise_modules,
@@ -369,7 +385,7 @@ class AsyncGRPOTrainer(Trainer):
         logger.warning(
             "waiting for samples for step %d: frac_reward_zero_std=%s over the groups received so far",
             step,
-            logs.get("frac_reward_zero_std", "n/a"),
+            logs.get(FRAC_REWARD_ZERO_STD, "n/a"),
         )
         self._append_metrics_line(step, logs)
         in_progress = copy.copy(self.state)
@@ -421,7 +437,7 @@ class AsyncGRPOTrainer(Trainer):
         loss = out.loss * self.accelerator.num_processes  # DP averages gradients; the spec sums
         aux = getattr(outputs, "aux_loss", None)
         if aux is not None and self.args.router_aux_loss_coef:
-            self._window.add("aux_loss", float(aux.detach()))
+            self._window.add(AUX_LOSS, float(aux.detach()))
             loss = loss + self.args.router_aux_loss_coef * aux / self.args.gradient_accumulation_steps
         for key, value in out.metrics.items():
             self._window.add(key, value)
@@ -466,16 +482,16 @@ class AsyncGRPOTrainer(Trainer):
         fwd = self._timers.pop("fwd", 0.0)
         optimizer_s = self._timers.pop("optimizer", 0.0)
         self._num_tokens += report["forwarded_tokens"]
-        w.add("num_tokens", self._num_tokens)
-        w.add("perf/fwd_bwd_s", fwd_bwd)
-        w.add("perf/fwd_s", fwd)
-        w.add("perf/optimizer_s", optimizer_s)
+        w.add(NUM_TOKENS, self._num_tokens)
+        w.add(PERF_FWD_BWD_S, fwd_bwd)
+        w.add(PERF_FWD_S, fwd)
+        w.add(PERF_OPTIMIZER_S, optimizer_s)
         if fwd_bwd > 0:
-            w.add_rate("perf/fwd_bwd_forwarded_tokens_per_s", report["forwarded_tokens"], fwd_bwd)
+            w.add_rate(PERF_FWD_BWD_FORWARDED_TOKENS_PER_S, report["forwarded_tokens"], fwd_bwd)
         if step_s:
-            w.add("perf/step_s", step_s)
-            w.add_rate("perf/wall_clock_forwarded_tokens_per_s", report["forwarded_tokens"], step_s)
-            w.add_rate("perf/wall_clock_trained_tokens_per_s", report["trained_tokens"], step_s)
+            w.add(PERF_STEP_S, step_s)
+            w.add_rate(PERF_WALL_CLOCK_FORWARDED_TOKENS_PER_S, report["forwarded_tokens"], step_s)
+            w.add_rate(PERF_WALL_CLOCK_TRAINED_TOKENS_PER_S, report["trained_tokens"], step_s)
         peak = peak_flops(self.args.device, _precision(self.args))
         flops = training_flops(
             self.model.config,
@@ -486,9 +502,9 @@ class AsyncGRPOTrainer(Trainer):
         if peak and flops:
             n = self.accelerator.num_processes
             if fwd_bwd > 0:
-                w.add("perf/fwd_bwd_mfu", flops / (fwd_bwd * peak * n))
+                w.add(PERF_FWD_BWD_MFU, flops / (fwd_bwd * peak * n))
             if step_s:
-                w.add("perf/wall_clock_mfu", flops / (step_s * peak * n))
+                w.add(PERF_WALL_CLOCK_MFU, flops / (step_s * peak * n))
 
     def _sync_weights(self, new_version: bool = True) -> None:
         """Push the policy to the server (every rank gathers; the main process sends).
@@ -524,7 +540,7 @@ class AsyncGRPOTrainer(Trainer):
         """Add the window's metrics (spec names), write ``metrics.jsonl``, then the usual callbacks."""
         if self._handle is not None:
             self._drain_rollout_metrics()
-        if "loss" in logs and self._window:
+        if LOSS in logs and self._window:
             logs = fill_absent(
                 {**logs, **self._window.reduce()},
                 has_tools=bool(self.tools) or self.environment_factory is not None,

@@ -29,6 +29,12 @@ from urllib.parse import urlsplit
 import httpx
 import torch
 
+from trainer.metrics import (
+    PERF_WEIGHT_SYNC_BARRIER_S,
+    PERF_WEIGHT_SYNC_PAUSE_S,
+    PERF_WEIGHT_SYNC_S,
+    PERF_WEIGHT_SYNC_TRANSFER_S,
+)
 from trainer.weight_sync import gloo
 from trainer.weight_sync.packing import TensorMeta, iter_bucket_tensors, update_info
 
@@ -305,10 +311,10 @@ class WeightSyncClient:
             self._post("/resume")
             t_end = time.perf_counter()
         return {
-            "perf/weight_sync_s": t_end - t0,
-            "perf/weight_sync_pause_s": t_paused - t0,
-            "perf/weight_sync_barrier_s": t_ready - t_paused,
-            "perf/weight_sync_transfer_s": t_done - t_ready,
+            PERF_WEIGHT_SYNC_S: t_end - t0,
+            PERF_WEIGHT_SYNC_PAUSE_S: t_paused - t0,
+            PERF_WEIGHT_SYNC_BARRIER_S: t_ready - t_paused,
+            PERF_WEIGHT_SYNC_TRANSFER_S: t_done - t_ready,
         }
 
     def _transfer(

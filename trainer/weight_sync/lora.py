@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from trainer.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
 from trainer.rollout.pinning import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError
 
@@ -193,7 +194,7 @@ class LoraPublisher:
             )
         self.loaded.append(version)
         done = time.perf_counter()
-        return {"perf/weight_sync_s": done - started, "perf/weight_sync_transfer_s": done - written}
+        return {PERF_WEIGHT_SYNC_S: done - started, PERF_WEIGHT_SYNC_TRANSFER_S: done - written}
 
     def retire(self, current_version: int, oldest_pinned: int | None) -> None:
         """Unload versions before ``current_version - max_staleness``; delete the directories of

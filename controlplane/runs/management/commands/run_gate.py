@@ -24,6 +24,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from trainer.metrics import REWARD
 from trainer.run_config import RunConfigError, read_run_file
 
 EXIT_PASS, EXIT_BELOW, EXIT_RUN, EXIT_TIMEOUT = 0, 1, 2, 3
@@ -72,7 +73,7 @@ class Command(BaseCommand):
         what = parser.add_mutually_exclusive_group(required=True)
         what.add_argument("--config", help="RUN.yaml to create a run from")
         what.add_argument("--run", type=int, help="follow an existing run instead of creating one")
-        parser.add_argument("--metric", default="reward", help="metric name as logged (default: reward)")
+        parser.add_argument("--metric", default=REWARD, help=f"metric name as logged (default: {REWARD})")
         parser.add_argument("--min", type=float, default=None, help="pass if the last value >= MIN")
         parser.add_argument("--max", type=float, default=None, help="pass if the last value <= MAX")
         parser.add_argument("--name", default="", help="run name (default: 'MODEL on DATASET')")
