@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainer.rollout.flow import StalenessPolicy  # stdlib only, like this module
+
 __all__ = ["DEFAULT_WINDOW_STEPS", "TOPICS", "Diagnosis", "diagnose", "infer_reward_range"]
 
 TOPICS = ("bottleneck", "concurrency", "saturation", "duplicates", "clipping")
@@ -194,13 +196,14 @@ def _wait_evidence(w: Mapping[str, Points], name: str, step_s: float | None) -> 
 
 
 def _queue_fill(w: Mapping[str, Points], cfg: Mapping[str, int]) -> float | None:
-    """Queued samples as a share of max(max_staleness, 1) steps' worth; None if not computable."""
+    """Queued samples as a share of the staleness lead (max(max_staleness, 1) steps' worth of
+    samples, ``StalenessPolicy.lead``); None if not computable."""
     if "rollout/queue_size" not in w or "batch/samples_per_step" not in w:
         return None
     per_step = _mean(w["batch/samples_per_step"])
     if per_step <= 0:
         return None
-    return _mean(w["rollout/queue_size"]) / (per_step * max(cfg["max_staleness"], 1))
+    return _mean(w["rollout/queue_size"]) / StalenessPolicy(max_staleness=cfg["max_staleness"]).lead(per_step)
 
 
 BOTTLENECK = {
