@@ -93,7 +93,7 @@ class LockstepRolloutLoop(AsyncRolloutLoop):
 
     async def _startup(self) -> None:
         await super()._startup()
-        self.gate = _WaveGate(self.config.num_generations)
+        self.admission.gate = _WaveGate(self.config.num_generations)
         self._admitted_groups = 0
 
     async def _admit(self) -> float:
@@ -185,7 +185,7 @@ def lockstep_trainer_cls(first_wave_groups: int):
             return super().training_step(model, inputs, num_items_in_batch)
 
         def _publish_target(self) -> None:
-            self._handle.token_allowance.value = WAVE_OFFSET + self.groups_target
+            self._handle.set_token_allowance(WAVE_OFFSET + self.groups_target)
 
         def _end_of_step(self, state, control) -> None:
             super()._end_of_step(state, control)

@@ -17,6 +17,7 @@ import pytest
 from bench import overlap
 from bench.overlap import WAVE_OFFSET, LockstepRolloutLoop, _WaveGate
 from trainer.metrics import MetricWindow
+from trainer.rollout.flow import RolloutAdmission
 from trainer.rollout.loop import _Stop
 
 
@@ -25,11 +26,8 @@ def _bare_loop(target_value: float) -> LockstepRolloutLoop:
     loop = object.__new__(LockstepRolloutLoop)
     loop.config = SimpleNamespace(num_generations=8)
     loop.token_allowance = SimpleNamespace(value=target_value)
-    loop.gate = _WaveGate(8)
-    loop.controller = SimpleNamespace(cap=10_000)
+    loop.admission = RolloutAdmission(_WaveGate(8), SimpleNamespace(cap=10_000), num_generations=8)
     loop.window = MetricWindow()
-    loop._wanting = 0
-    loop._backpressure_since = None
     loop._admitted_groups = 0
     return loop
 
@@ -39,13 +37,12 @@ def test_sync_loop_admits_exactly_the_released_groups():
         # The trainer's own initial allowance is a token count: it releases no group in this mode.
         loop = _bare_loop(680.0)
         loop._stopping = asyncio.Event()
-        loop._changed = asyncio.Event()
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(loop._admit(), 0.1)
         loop.token_allowance.value = WAVE_OFFSET + 2  # a wave of two groups
         await asyncio.wait_for(loop._admit(), 1.0)
         await asyncio.wait_for(loop._admit(), 1.0)
-        assert loop._admitted_groups == 2 and loop.gate.groups_in_flight == 2
+        assert loop._admitted_groups == 2 and loop.admission.gate.groups_in_flight == 2
         third = asyncio.ensure_future(loop._admit())
         await asyncio.sleep(0.05)
         assert not third.done()  # waits for the next wave

@@ -6,6 +6,7 @@ import threading
 
 from trainer.feed import RolloutFeed
 from trainer.metrics import MetricWindow
+from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.types import GroupResult, TrainingSequence
 
 
@@ -46,7 +47,7 @@ def test_samples_dropped_as_stale_raise_the_allowance_while_the_trainer_waits():
         model_version=lambda: version,
         token_budget=64,
         num_rows=1,
-        max_staleness=0,
+        staleness=StalenessPolicy(max_staleness=0),
         num_top_logprobs=0,
         start_position=0,
         window=MetricWindow(),
@@ -80,7 +81,7 @@ def test_the_last_epoch_ends_exactly_at_its_prompts_and_drops_what_was_generated
         model_version=lambda: 0,
         token_budget=90,  # nine 10-token samples (nothing shared) per row
         num_rows=1,
-        max_staleness=4,
+        staleness=StalenessPolicy(max_staleness=4),
         num_top_logprobs=0,
         start_position=0,
         window=MetricWindow(),

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import VLLMServer, free_port
+from trainer.rollout.flow import StalenessPolicy
 from trainer.weight_sync.lora import (
     LoraPublisher,
     ServerLora,
@@ -51,14 +52,16 @@ def test_required_rank_rounds_up_to_vllm_ranks():
 
 def test_server_check_names_the_flags_to_restart_with():
     small = ServerLora(max_lora_rank=8, max_loras=2, runtime_updating=True)
-    check_server_lora(small, rank=8, max_staleness=0, base_url="http://s")  # 1 live + 1 loading
+    check_server_lora(
+        small, rank=8, staleness=StalenessPolicy(max_staleness=0), base_url="http://s"
+    )  # 1 live + 1 loading
     with pytest.raises(ValueError) as err:
-        check_server_lora(small, rank=12, max_staleness=4, base_url="http://s")
+        check_server_lora(small, rank=12, staleness=StalenessPolicy(max_staleness=4), base_url="http://s")
     message = str(err.value)
     assert "--max-lora-rank 16" in message and "--max-loras 6" in message and "http://s" in message
     no_route = ServerLora(max_lora_rank=64, max_loras=8, runtime_updating=False)
     with pytest.raises(ValueError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
-        check_server_lora(no_route, rank=8, max_staleness=1, base_url="http://s")
+        check_server_lora(no_route, rank=8, staleness=StalenessPolicy(max_staleness=1), base_url="http://s")
 
 
 def test_server_lora_reads_server_info():
@@ -162,7 +165,11 @@ def test_published_adapters_are_served_exactly_and_retire_with_the_window(
     from trainer.rollout.pinning import lora_adapter_name
 
     publisher = LoraPublisher(
-        lora_server.base_url, tmp_path / ".vllm_lora", "unit", max_staleness=1, timeout=60
+        lora_server.base_url,
+        tmp_path / ".vllm_lora",
+        "unit",
+        staleness=StalenessPolicy(max_staleness=1),
+        timeout=60,
     )
     ids = [5, 17, 40, 9, 33]
     try:
@@ -203,7 +210,11 @@ def test_request_for_an_adapter_unloaded_mid_flight_retries_on_the_current_one(
     from trainer.rollout.client import SamplingSettings, VLLMClient
 
     publisher = LoraPublisher(
-        lora_server.base_url, tmp_path / ".vllm_lora", "race", max_staleness=1, timeout=60
+        lora_server.base_url,
+        tmp_path / ".vllm_lora",
+        "race",
+        staleness=StalenessPolicy(max_staleness=1),
+        timeout=60,
     )
     try:
         for version in (3, 4):

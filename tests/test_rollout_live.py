@@ -29,6 +29,7 @@ import pytest
 from trainer import AsyncGRPOConfig
 from trainer.metrics import MetricWindow
 from trainer.rollout import AsyncRolloutLoop, start_rollout_process
+from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.client import SamplingSettings, VLLMClient
 from trainer.rollout.scoring import standardize
 from trainer.tasks.arithmetic import arithmetic_rows
@@ -147,17 +148,17 @@ class ThreadWorker:
         self.allowance = mp.Value("d", allowance)
         self.version = mp.Value("i", 0)
         self.heartbeat = mp.Value("d", time.time())
-        self.loop = loop_cls(
-            **kwargs,
+        self.channels = RolloutChannels(
             rollout_buffer=self.results,
+            metrics_queue=self.metrics,
+            exception_info_queue=queue.Queue(),
             model_version_value=self.version,
             token_allowance=self.allowance,
             heartbeat_value=self.heartbeat,
             failed_event=threading.Event(),
-            exception_info_queue=queue.Queue(),
-            metrics_queue=self.metrics,
+            stop_event=threading.Event(),
         )
-        self.loop.stop_event = threading.Event()
+        self.loop = loop_cls(**kwargs, channels=self.channels)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -186,7 +187,7 @@ class ThreadWorker:
                 return out
 
     def stop(self) -> None:
-        self.loop.stop_event.set()
+        self.channels.stop_event.set()
         self.thread.join(15)
         assert not self.thread.is_alive(), "the rollout loop did not stop within 15 s"
 
@@ -345,9 +346,9 @@ def test_child_killed_mid_message_is_reported_not_hung(rollout_server, tokenizer
         **loop_kwargs(make_config(tmp_path), tokenizer, arithmetic_rows(2, seed=8), [constant_reward]),
     )
     try:
-        started = handle.heartbeat_value.value
+        started = handle.channels.heartbeat_value.value
         deadline = time.monotonic() + 60
-        while handle.heartbeat_value.value == started and time.monotonic() < deadline:
+        while handle.channels.heartbeat_value.value == started and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # setup() ran; the queue's feeder thread is blocked halfway through the message
         os.kill(handle.pid, signal.SIGKILL)
@@ -425,7 +426,7 @@ def test_staleness_allowance_holds_generation_back(rollout_server, tokenizer, tm
         assert worker.get(timeout=0.1) is None, "a second group started although the allowance was spent"
         metrics = reduce_metrics(worker.drain_metrics())
         assert metrics["rollout/backpressure_s"] > 0
-        gate = worker.loop.gate
+        gate = worker.loop.admission.gate
         assert gate.groups_in_flight == 0 and gate.groups_finished == 1
         # Allow two more groups' worth: at most one group past the ceiling may start (flow.StalenessGate).
         group_tokens = gate.group_estimate()
@@ -542,9 +543,9 @@ def test_hung_worker_is_reported_after_rollout_worker_timeout(rollout_server, to
         **loop_kwargs(config, tokenizer, arithmetic_rows(2, seed=6), [constant_reward]),
     )
     try:
-        started = handle.heartbeat_value.value
+        started = handle.channels.heartbeat_value.value
         deadline = time.monotonic() + 60
-        while handle.heartbeat_value.value == started and time.monotonic() < deadline:
+        while handle.channels.heartbeat_value.value == started and time.monotonic() < deadline:
             time.sleep(0.05)  # the child is up once it beats
         beat = time.monotonic()
         with pytest.raises(

@@ -41,6 +41,7 @@ from trainer.metrics import (
     ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC,
     SAMPLE_STALENESS_MEAN,
 )
+from trainer.rollout.flow import StalenessPolicy  # stdlib only, like this module
 from trainer.run_schema import DEFAULTS
 
 __all__ = ["DEFAULT_WINDOW_STEPS", "TOPICS", "Diagnosis", "diagnose", "infer_reward_range"]
@@ -215,13 +216,14 @@ def _wait_evidence(w: Mapping[str, Points], name: str, step_s: float | None) -> 
 
 
 def _queue_fill(w: Mapping[str, Points], cfg: Mapping[str, int]) -> float | None:
-    """Queued samples as a share of max(max_staleness, 1) steps' worth; None if not computable."""
+    """Queued samples as a share of the staleness lead (max(max_staleness, 1) steps' worth of
+    samples, ``StalenessPolicy.lead``); None if not computable."""
     if ROLLOUT_QUEUE_SIZE not in w or BATCH_SAMPLES_PER_STEP not in w:
         return None
     per_step = _mean(w[BATCH_SAMPLES_PER_STEP])
     if per_step <= 0:
         return None
-    return _mean(w[ROLLOUT_QUEUE_SIZE]) / (per_step * max(cfg["max_staleness"], 1))
+    return _mean(w[ROLLOUT_QUEUE_SIZE]) / StalenessPolicy(max_staleness=cfg["max_staleness"]).lead(per_step)
 
 
 BOTTLENECK = {

@@ -4,7 +4,9 @@
 (``gradient_accumulation_steps`` of them make one optimizer step). It also keeps the books the
 async pipeline needs:
 
-* the staleness allowance it hands the rollout process (``token_allowance``, cumulative raw tokens);
+* the staleness allowance it hands the rollout process (``token_allowance``, cumulative raw tokens:
+  consumed + :meth:`StalenessPolicy.lead <trainer.rollout.flow.StalenessPolicy.lead>` of the last
+  step's raw tokens);
 * which prompt positions are fully trained, hence ``rollout_state.json``'s first untrained index
   and the epoch count (distinct prompts consumed, dropped and filtered ones included);
 * the queue-side metrics (``rollout/queue_size``, ``sample/*``, ``perf/rollout_wait_s``).
@@ -33,6 +35,7 @@ from trainer.metrics import (
     MetricWindow,
 )
 from trainer.packing import MicroBatch, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
+from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.types import GroupResult, TrainingSequence
 
 logger = logging.getLogger(__name__)
@@ -81,11 +84,12 @@ class RolloutFeed:
 
     Args:
         next_group: ``timeout_s -> GroupResult | None`` (None on timeout; raises ``RuntimeError``
-            when the rollout process failed); None on non-main ranks or until :meth:`attach`.
+            when the rollout process failed); None on non-main ranks or until :meth:`attach`
+            (which also connects where the allowance is published).
         model_version: ``() -> int``, the policy version (weight syncs so far).
         token_budget: unique tokens per row.
         num_rows: rows per micro-batch (= processes).
-        max_staleness: samples lagging more weight updates are dropped.
+        staleness: the ``max_staleness`` rule: which samples are dropped, the allowance's lead.
         num_top_logprobs: sampler top-logprobs kept per token (``num_sampler_logprobs``).
         start_position: global prompt position the rollout process starts from.
         window: the logging window metrics are recorded into.
@@ -98,7 +102,7 @@ class RolloutFeed:
         model_version: Callable[[], int],
         token_budget: int | None,
         num_rows: int,
-        max_staleness: int,
+        staleness: StalenessPolicy,
         num_top_logprobs: int | None,
         start_position: int,
         window: MetricWindow,
@@ -123,7 +127,7 @@ class RolloutFeed:
         self.model_version = model_version
         self.token_budget = token_budget
         self.num_rows = num_rows
-        self.max_staleness = max_staleness
+        self.staleness = staleness
         self.num_top_logprobs = num_top_logprobs
         self.window = window
         self.rank = rank
@@ -134,17 +138,36 @@ class RolloutFeed:
         self._step_batches: list[MicroBatch] = []
         self._queued_samples = 0  # received, not yet placed in a closed micro-batch
         self.consumed_raw_tokens = 0  # trained or dropped samples' raw tokens (allowance accounting)
-        # The rollout process may run this many raw tokens ahead of what is consumed; the trainer
-        # sets it each step (max(max_staleness, 1) steps' worth) and the feed publishes the ceiling.
+        # The rollout process may run this many raw tokens ahead of what is consumed: set by
+        # attach() (full rows), then by each finish_step() (the step's raw tokens), both through
+        # staleness.lead; publish_allowance() hands the ceiling to on_allowance.
         self.allowance_lead = 0.0
         self.on_allowance: Callable[[float], None] | None = None
         self.step_wait_s = 0.0
 
-    def attach(self, next_group: Callable[[float], GroupResult | None], token_budget: int) -> None:
-        """Connect the rollout process once it is started (the budget comes from the server)."""
+    def attach(
+        self,
+        next_group: Callable[[float], GroupResult | None],
+        token_budget: int,
+        *,
+        on_allowance: Callable[[float], None],
+        rows_per_step: int,
+    ) -> None:
+        """Connect the rollout process once it is started (the budget comes from the server).
+
+        ``on_allowance`` receives each new ceiling (cumulative raw tokens). Until a step tells how
+        many raw tokens a step takes, the lead is :meth:`initial_lead` (``rows_per_step`` full rows).
+        """
         self.next_group = next_group
         self.token_budget = token_budget
         self.batcher = TokenBudgetBatcher(token_budget, self.num_rows, self.min_shared_tokens)
+        self.on_allowance = on_allowance
+        self.allowance_lead = self.initial_lead(token_budget, rows_per_step)
+
+    def initial_lead(self, token_budget: int, rows_per_step: int) -> float:
+        """The lead before the first step (raw tokens): every row of a step full, ``token_budget``
+        tokens each, ``rows_per_step`` rows per step (micro-batches x processes)."""
+        return self.staleness.lead(token_budget * rows_per_step)
 
     # ----------------------------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[dict]:
@@ -219,7 +242,7 @@ class RolloutFeed:
             kept = []
             for sample in row:
                 staleness = version - sample.model_version
-                if staleness > self.max_staleness:
+                if self.staleness.is_stale(sample_version=sample.model_version, trainer_version=version):
                     self.window.add(SAMPLE_DROPPED_STALE_COUNT, 1)
                     self._sample_consumed(sample, self._position_of.get(id(sample), -1))
                     continue
@@ -251,7 +274,8 @@ class RolloutFeed:
         version = self.model_version()
         for sample in result.samples:
             self._position_of[id(sample)] = result.position
-            if version - sample.model_version > self.max_staleness:  # already too old: skip packing it
+            if self.staleness.is_stale(sample_version=sample.model_version, trainer_version=version):
+                # already too old: skip packing it
                 self.window.add(SAMPLE_DROPPED_STALE_COUNT, 1)
                 self._sample_consumed(sample, result.position)
                 continue
@@ -292,8 +316,9 @@ class RolloutFeed:
     def finish_step(self) -> dict[str, float]:
         """Mark the step's samples trained; record its batch metrics; return its accounting.
 
-        Returns ``{"raw_tokens", "forwarded_tokens", "head_positions", "attention_pairs",
-        "trained_tokens", "wait_s"}``.
+        Once attached, the allowance's lead becomes ``staleness.lead`` of the step's raw tokens
+        (published by the next :meth:`publish_allowance`). Returns ``{"raw_tokens",
+        "forwarded_tokens", "head_positions", "attention_pairs", "trained_tokens", "wait_s"}``.
         """
         batches, self._step_batches = self._step_batches, []
         stats = [[row_stats(row, self.min_shared_tokens) for row in mb] for mb in batches]
@@ -307,6 +332,8 @@ class RolloutFeed:
                     position = self._position_of.get(id(sample))
                     if position is not None:
                         self._sample_consumed(sample, position)
+        if self.on_allowance is not None:
+            self.allowance_lead = self.staleness.lead(raw)
         wait, self.step_wait_s = self.step_wait_s, 0.0
         self.window.add(PERF_ROLLOUT_WAIT_S, wait)
         rows = [r for mb in stats for r in mb]

@@ -2,7 +2,7 @@
 
 Public names (the spec's API): :class:`AsyncRolloutLoop`, :class:`Rollout`, :class:`TurnRecord`,
 :class:`RolloutGroup`, :class:`TrainingSequence`; for the trainer: :func:`start_rollout_process`,
-:class:`RolloutWorkerHandle`, :class:`GroupResult`, :func:`check_picklable`.
+:class:`RolloutWorkerHandle`, :class:`RolloutChannels`, :class:`GroupResult`, :func:`check_picklable`.
 
 Names are imported lazily so that ``import trainer.rollout.types`` does not pull in the HTTP client.
 """
@@ -21,6 +21,7 @@ _EXPORTS = {
     "TrainingSequence": "trainer.rollout.types",
     "GroupResult": "trainer.rollout.types",
     "RolloutWorkerHandle": "trainer.rollout.process",
+    "RolloutChannels": "trainer.rollout.channels",
     "start_rollout_process": "trainer.rollout.process",
     "check_rollout_picklable": "trainer.rollout.process",
     "check_picklable": "trainer.rollout.scoring",

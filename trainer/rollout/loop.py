@@ -4,7 +4,7 @@ One asyncio event loop runs, concurrently:
 
 * the dispatcher: walks the dataset, asks :meth:`AsyncRolloutLoop.filter_prompt`, and starts one
   group of ``num_generations`` rollouts per accepted prompt whenever the staleness allowance and the
-  live concurrency cap (``flow.py``) permit;
+  live concurrency cap permit (``flow.RolloutAdmission``);
 * the rollouts: each holds one concurrency slot while it runs (environment ``reset``,
   :meth:`generate_one`, ``get_reward``);
 * the scorer: finished groups wait in a bounded queue (``score_queue_maxsize``); each is scored
@@ -14,7 +14,8 @@ One asyncio event loop runs, concurrently:
 
 Its parts live beside it: conversation rendering (``rendering.py``), tools, environments and turn
 reconciliation (``multiturn.py``), group assembly and per-rollout metrics (``groups.py``), scoring
-(``scoring.py``), flow control (``flow.py``) and LoRA adapter pinning (``pinning.py``).
+(``scoring.py``), flow control and the staleness rule (``flow.py``), LoRA adapter pinning
+(``pinning.py``), and the channels to the trainer (``channels.py``).
 
 Dataset order is deterministic: epoch ``e`` visits rows ``0 .. len(dataset) - 1`` in order (no
 shuffle), so a global position ``e * len(dataset) + row`` names one prompt and
@@ -26,12 +27,11 @@ is iterated again for each epoch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import inspect
 import itertools
 import os
 import time
-import traceback
 import warnings
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,8 +54,15 @@ from trainer.metrics import (
     TOOLS_LOOP_EXHAUSTED_FRAC,
     MetricWindow,
 )
+from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
-from trainer.rollout.flow import POLL_INTERVAL_S, ConcurrencyController, StalenessGate
+from trainer.rollout.flow import (
+    POLL_INTERVAL_S,
+    ConcurrencyController,
+    RolloutAdmission,
+    StalenessGate,
+    StalenessPolicy,
+)
 from trainer.rollout.groups import RolloutOutcome, build_group, completion_records, record_rollout_metrics
 from trainer.rollout.multiturn import EnvironmentPool, environment_tools, run_tool_calls, tool_schema
 from trainer.rollout.pinning import AdapterPins, lora_adapter_name
@@ -74,7 +81,6 @@ __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 
 HEARTBEAT_INTERVAL_S = 0.25
 METRICS_FLUSH_INTERVAL_S = 0.5
-ADMIT_POLL_S = 0.02
 
 
 @dataclass
@@ -96,6 +102,11 @@ class AsyncRolloutLoop:
     ``generate_one_turn``, ``compute_advantages``, ``setup``, ``close``), then set the subclass as the
     trainer's ``loop_cls``. Define it at module level: the loop is built in the spawned process.
     Hooks can read ``self.config`` and ``self.tokenizer``.
+
+    The trainer side is reached through ``channels`` (:class:`~trainer.rollout.channels.RolloutChannels`,
+    what :func:`~trainer.rollout.process.start_rollout_process` passes); the seven loose arguments
+    from ``rollout_buffer`` to ``metrics_queue`` are the spec's signature for the same objects and
+    are bundled into ``channels`` when it is not given (then no stop event, no pin reporting).
     """
 
     def __init__(
@@ -106,19 +117,36 @@ class AsyncRolloutLoop:
         reward_funcs: list[Callable[..., list[float]]],
         processing_class: Any,
         eos_token_ids: list[int],
-        rollout_buffer: Any,
-        model_version_value: Any,
-        token_allowance: Any,
-        heartbeat_value: Any,
-        failed_event: Any,
-        exception_info_queue: Any,
-        metrics_queue: Any,
+        rollout_buffer: Any = None,
+        model_version_value: Any = None,
+        token_allowance: Any = None,
+        heartbeat_value: Any = None,
+        failed_event: Any = None,
+        exception_info_queue: Any = None,
+        metrics_queue: Any = None,
         tools: list[Callable] | None = None,
         environment_factory: Callable[[], object] | dict[str, Callable[[], object]] | None = None,
         score_queue_maxsize: int = 16,
         lora_name: str | None = None,
         dataset_start_index: int = 0,
+        *,
+        channels: RolloutChannels | None = None,
     ) -> None:
+        loose = (rollout_buffer, model_version_value, token_allowance, heartbeat_value, failed_event)
+        loose += (exception_info_queue, metrics_queue)
+        if channels is None:  # the spec's loose form
+            channels = RolloutChannels(
+                rollout_buffer=rollout_buffer,
+                metrics_queue=metrics_queue,
+                exception_info_queue=exception_info_queue,
+                model_version_value=model_version_value,
+                token_allowance=token_allowance,
+                heartbeat_value=heartbeat_value,
+                failed_event=failed_event,
+            )
+        elif any(x is not None for x in loose):
+            raise TypeError("pass either channels or the loose rollout_buffer ... metrics_queue, not both")
+        self.channels = channels
         self.config = config
         self.model_name = model_name
         self.dataset = dataset
@@ -126,22 +154,21 @@ class AsyncRolloutLoop:
         self.processing_class = processing_class
         self.tokenizer = processing_class
         self.eos_token_ids = [int(t) for t in eos_token_ids]
-        self.rollout_buffer = rollout_buffer
-        self.model_version_value = model_version_value
-        self.token_allowance = token_allowance
-        self.heartbeat_value = heartbeat_value
-        self.failed_event = failed_event
-        self.exception_info_queue = exception_info_queue
-        self.metrics_queue = metrics_queue
+        # The spec's names for the channels, which hooks and subclasses read.
+        self.rollout_buffer = channels.rollout_buffer
+        self.model_version_value = channels.model_version_value
+        self.token_allowance = channels.token_allowance
+        self.heartbeat_value = channels.heartbeat_value
+        self.failed_event = channels.failed_event
+        self.exception_info_queue = channels.exception_info_queue
+        self.metrics_queue = channels.metrics_queue
+        self.stop_event = channels.stop_event
         self.tools = list(tools or [])
         self.environment_factory = environment_factory
         self.score_queue_maxsize = score_queue_maxsize
         self.lora_name = lora_name
         self.dataset_start_index = int(dataset_start_index)
-        # Set by the process wrapper: a multiprocessing.Event that asks the loop to stop, and a
-        # multiprocessing.Value('i') where the loop reports the oldest version a rollout is pinned to.
-        self.stop_event: Any = None
-        self.pins = AdapterPins(model_version_value)
+        self.pins = AdapterPins(channels.model_version_value, channels.oldest_pinned_version)
         self.window = MetricWindow()
         self.server: ServerSettings | None = None
         self.client: VLLMClient | None = None
@@ -151,8 +178,7 @@ class AsyncRolloutLoop:
             processing_class, self.eos_token_ids, getattr(config, "chat_template_kwargs", None)
         )
         # Built by _startup() once the server's settings are known.
-        self.gate: StalenessGate | None = None
-        self.controller: ConcurrencyController | None = None
+        self.admission: RolloutAdmission | None = None
         self._completions: list[dict[str, Any]] = []
 
     # ==== hooks ==================================================================================
@@ -238,10 +264,15 @@ class AsyncRolloutLoop:
         if self.lora_name is None or version is None:
             return None
         current = int(self.model_version_value.value)
-        if version < current - self.config.max_staleness:
+        if self.staleness.is_stale(sample_version=version, trainer_version=current):
             self.pins.repin(current)
             version = current
         return lora_adapter_name(self.lora_name, version)
+
+    @functools.cached_property
+    def staleness(self) -> StalenessPolicy:
+        """The config's ``max_staleness`` rule (read on first use: a loop built for one hook needs none)."""
+        return StalenessPolicy.from_config(self.config)
 
     def compute_advantages(self, group: RolloutGroup) -> np.ndarray:
         """(G,) advantages: rewards standardized within the group; NaN rewards get 0."""
@@ -259,26 +290,10 @@ class AsyncRolloutLoop:
         try:
             asyncio.run(self._main())
         except BaseException as exc:
-            self._report_failure(exc)
+            self.channels.report_failure(exc)
             raise
         finally:
-            # Unread queue data must not keep this process alive at exit.
-            for q in (self.rollout_buffer, self.metrics_queue):
-                cancel = getattr(q, "cancel_join_thread", None)
-                if cancel is not None:
-                    cancel()
-
-    def _report_failure(self, exc: BaseException) -> None:
-        info = {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc)),
-            "pid": os.getpid(),
-        }
-        try:
-            self.exception_info_queue.put(info)
-        finally:
-            self.failed_event.set()
+            self.channels.cancel_join_threads()
 
     # ==== main ===================================================================================
     async def _main(self) -> None:
@@ -376,14 +391,13 @@ class AsyncRolloutLoop:
                     "keeps full-vocabulary log-probabilities and importance ratios will be biased",
                     stacklevel=1,
                 )
-        self.gate = StalenessGate(config.num_generations)
-        self.controller = ConcurrencyController(
-            config.max_concurrent_rollouts, self.server.kv_cache_tokens, self.server.max_model_len
+        self.admission = RolloutAdmission(
+            StalenessGate(config.num_generations),
+            ConcurrencyController(
+                config.max_concurrent_rollouts, self.server.kv_cache_tokens, self.server.max_model_len
+            ),
+            num_generations=config.num_generations,
         )
-        self._slots = asyncio.Condition()
-        self._running = 0
-        self._wanting = 0
-        self._changed = asyncio.Event()
         self._score_queue = ScoreQueue(self.window, self.score_queue_maxsize, self._handle_finished_group)
         self._env_pool = (
             EnvironmentPool(self.environment_factory, self.executor)
@@ -393,7 +407,6 @@ class AsyncRolloutLoop:
         self._group_ids = itertools.count()
         self._generated_tokens = 0
         self._rate_started = time.monotonic()
-        self._backpressure_since: float | None = None
         self._last_preemptions: float | None = None
 
     # ==== background tasks =======================================================================
@@ -414,18 +427,18 @@ class AsyncRolloutLoop:
     def flush_metrics(self) -> None:
         """Sample the gauges and ship the window (and logged completions) to the trainer."""
         now = time.monotonic()
-        if self.controller is not None:
-            self.window.add(ROLLOUT_CONCURRENCY, self._running)
-            self.window.add(ROLLOUT_CONCURRENCY_CAP, self.controller.cap)
+        if self.admission is not None:
+            self.window.add(ROLLOUT_CONCURRENCY, self.admission.running)
+            self.window.add(ROLLOUT_CONCURRENCY_CAP, self.admission.controller.cap)
             self._score_queue.record_size()
             self.window.add_rate(
                 ROLLOUT_GENERATED_TOKENS_PER_S, self._generated_tokens, now - self._rate_started
             )
             self._generated_tokens = 0
             self._rate_started = now
-            if self._backpressure_since is not None:  # a long wait shows up while it lasts
-                self.window.add(ROLLOUT_BACKPRESSURE_S, now - self._backpressure_since)
-                self._backpressure_since = now
+            waiting = self.admission.take_backpressure(now)
+            if waiting is not None:  # a long wait shows up while it lasts
+                self.window.add(ROLLOUT_BACKPRESSURE_S, waiting)
         if not self.window and not self._completions:
             return
         payload: dict[str, Any] = {"metrics": self.window.state()}
@@ -453,10 +466,7 @@ class AsyncRolloutLoop:
                     ROLLOUT_VLLM_PREEMPTION_COUNT, max(0.0, load.preemptions_total - self._last_preemptions)
                 )
             self._last_preemptions = load.preemptions_total
-        self.controller.observe(load)
-        async with self._slots:
-            self._slots.notify_all()
-        self._changed.set()
+        await self.admission.observe(load)
 
     # ==== dataset ================================================================================
     async def _prompts(self) -> AsyncIterator[tuple[int, int, int, dict[str, Any]]]:
@@ -515,42 +525,12 @@ class AsyncRolloutLoop:
 
     # ==== flow control ===========================================================================
     async def _admit(self) -> float:
-        """Wait until a new group may start (staleness allowance, then a free rollout slot) and
-        reserve its tokens; returns the reservation (``StalenessGate.admit``)."""
-        waited_staleness = 0.0
-        while True:
-            if self._stopping.is_set():
-                raise _Stop()
-            allowed = self.gate.can_admit(self.token_allowance.value)
-            now = time.monotonic()
-            if not allowed:
-                if self._backpressure_since is None:
-                    self._backpressure_since = now
-            elif self._backpressure_since is not None:
-                waited_staleness += now - self._backpressure_since
-                self._backpressure_since = None
-            if allowed and self._wanting < self.controller.cap:
-                break
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), ADMIT_POLL_S)
-        self.window.add(ROLLOUT_BACKPRESSURE_S, waited_staleness)
-        self._wanting += self.config.num_generations
-        return self.gate.admit()
-
-    async def _acquire_slot(self) -> None:
-        async with self._slots:
-            while self._running >= self.controller.cap:
-                await self._slots.wait()
-            self._running += 1
-
-    async def _release_slot(self) -> None:
-        async with self._slots:
-            self._running -= 1
-            self._wanting -= 1
-            self._slots.notify_all()
-        self.controller.rollout_completed()
-        self._changed.set()
+        """Wait until a new group may start (``RolloutAdmission.admit``); returns its token reservation."""
+        admitted = await self.admission.admit(lambda: self.token_allowance.value, self._stopping)
+        if admitted is None:
+            raise _Stop()
+        self.window.add(ROLLOUT_BACKPRESSURE_S, admitted.waited_s)
+        return admitted.reservation
 
     # ==== one group ==============================================================================
     async def _run_group(
@@ -581,7 +561,7 @@ class AsyncRolloutLoop:
     async def _run_rollout(
         self, row: dict[str, Any], group_id: int, version_box: list[int], dispatched: float
     ) -> RolloutOutcome:
-        await self._acquire_slot()
+        await self.admission.acquire_slot()
         try:
             if not version_box:  # the group's version: when its first rollout started
                 version_box.append(int(self.model_version_value.value))
@@ -607,7 +587,7 @@ class AsyncRolloutLoop:
         finally:
             if self.lora_name is not None:
                 self.pins.unpin()
-            await self._release_slot()
+            await self.admission.release_slot()
 
     # ==== scoring ================================================================================
     async def _handle_finished_group(self, item: _FinishedGroup) -> None:
@@ -634,8 +614,7 @@ class AsyncRolloutLoop:
                     samples.append(seq)
         queued_tokens = sum(len(s) for s in samples)
         rollout_tokens = [sum(len(s) for s in seqs) for seqs in group.completions_sequences]
-        self.gate.finish(item.reservation, rollout_tokens, queued_tokens)
-        self._changed.set()
+        self.admission.finish(item.reservation, rollout_tokens, queued_tokens)
         if self.config.log_completions:
             self._completions.extend(completion_records(group, score, advantages))
         self._emit(

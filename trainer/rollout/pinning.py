@@ -29,12 +29,12 @@ class AdapterPins:
     The pin lives in a context variable, so each rollout task (one ``asyncio`` task per rollout)
     carries its own; ``counts`` maps version -> rollouts pinned to it, across all tasks.
     ``oldest_pinned_version`` is the shared ``multiprocessing.Value('i')`` the trainer reads
-    (None when the loop runs outside the rollout process, in tests).
+    (``RolloutChannels.oldest_pinned_version``; None when nobody reads it, e.g. a loop in a test).
     """
 
-    def __init__(self, model_version_value: Any) -> None:
+    def __init__(self, model_version_value: Any, oldest_pinned_version: Any = None) -> None:
         self.model_version_value = model_version_value
-        self.oldest_pinned_version: Any = None
+        self.oldest_pinned_version = oldest_pinned_version
         self.counts: Counter[int] = Counter()
 
     @property

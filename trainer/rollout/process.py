@@ -1,17 +1,8 @@
 """Start the rollout loop in a spawned process and watch it from the trainer.
 
 The child runs with ``CUDA_VISIBLE_DEVICES=""`` (the rollout process never uses a GPU; spec). It
-talks to the trainer only through the objects :func:`start_rollout_process` creates:
-
-* ``rollout_buffer``: :class:`~trainer.rollout.types.GroupResult` per dispatched or filtered prompt;
-* ``metrics_queue``: ``{"metrics": MetricWindow.state(), "completions": [...]}`` every 0.5 s;
-* ``model_version_value`` (``'i'``): the trainer increments it after each weight sync;
-* ``token_allowance`` (``'d'``): the cumulative token ceiling (see ``flow.StalenessGate``);
-* ``heartbeat_value`` (``'d'``): ``time.time()`` refreshed by the child every 0.25 s;
-* ``oldest_pinned_version`` (``'i'``): the oldest policy version an in-flight rollout is pinned to
-  (LoRA adapter serving: the trainer keeps that adapter's files until no rollout needs them);
-* ``failed_event`` + ``exception_info_queue``: the child's exception and traceback;
-* ``stop_event``: asks the child to stop.
+talks to the trainer only through the :class:`~trainer.rollout.channels.RolloutChannels`
+:func:`start_rollout_process` creates (queues, shared values, events; see that module).
 
 :class:`RolloutWorkerHandle` turns a dead, failed or hung child into a ``RuntimeError`` that names
 the rollout process and carries the child's traceback, instead of an unexplained queue timeout.
@@ -27,25 +18,19 @@ import queue
 import signal
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
+from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.scoring import check_picklable
 from trainer.rollout.types import GroupResult
 from trainer.spawn_startup import STARTUP_ERROR_ENV, mark_started, startup_failure
 
 __all__ = ["RolloutWorkerHandle", "start_rollout_process", "check_rollout_picklable"]
 
-_PASSED_BY_HANDLE = (
-    "rollout_buffer",
-    "model_version_value",
-    "token_allowance",
-    "heartbeat_value",
-    "failed_event",
-    "exception_info_queue",
-    "metrics_queue",
-)
+# start_rollout_process creates these itself (the loop receives them as one RolloutChannels).
+_CREATED_HERE = ("channels", *(f.name for f in fields(RolloutChannels)))
 
 
 def check_rollout_picklable(
@@ -67,41 +52,17 @@ def check_rollout_picklable(
         check_picklable(environment_factory, "environment_factory")
 
 
-def _close_parent_write_end(q: Any) -> None:
-    """Close the trainer's copy of a child->trainer queue's write end (the trainer never puts).
-
-    A ``multiprocessing.Queue`` keeps both pipe ends in the process that created it. If the child
-    dies halfway through writing a message (SIGKILL, OOM), a reader waits for the rest forever: no
-    EOF can come while the trainer itself still holds a write end. With it closed, the read fails
-    with ``EOFError`` instead and the handle reports the dead worker. (``_writer`` is the Queue's
-    pipe end; there is no public API for this.)
-    """
-    writer = getattr(q, "_writer", None)
-    if writer is not None:
-        writer.close()
-
-
-def _rollout_main(loop_cls: type, kwargs: dict[str, Any], stop_event: Any, pinned_value: Any = None) -> None:
+def _rollout_main(loop_cls: type, loop_kwargs: dict[str, Any], channels: RolloutChannels) -> None:
     """Child entry point: build the loop and run it until stopped."""
     mark_started()  # from here on the loop reports its own errors (exception_info_queue)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     # Ctrl-C reaches the whole process group; the trainer decides when the worker stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        loop = loop_cls(**kwargs)
+        loop = loop_cls(**loop_kwargs, channels=channels)
     except BaseException as exc:
-        kwargs["exception_info_queue"].put(
-            {
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc)),
-                "pid": os.getpid(),
-            }
-        )
-        kwargs["failed_event"].set()
+        channels.report_failure(exc)
         raise
-    loop.stop_event = stop_event
-    loop.pins.oldest_pinned_version = pinned_value
     loop.run()
 
 
@@ -110,38 +71,23 @@ class RolloutWorkerHandle:
 
     Attributes:
         process: the ``multiprocessing`` process.
-        model_version_value, token_allowance, heartbeat_value: the shared values (see module doc).
+        channels: what the trainer and the child share (:class:`RolloutChannels`).
         timeout: ``rollout_worker_timeout`` (seconds without heartbeat before the worker counts as hung).
+        startup_error_path: the file the child writes an error of its start-up phase to (or None).
     """
 
     def __init__(
         self,
         process: Any,
+        channels: RolloutChannels,
         *,
-        rollout_buffer: Any,
-        metrics_queue: Any,
-        exception_info_queue: Any,
-        model_version_value: Any,
-        token_allowance: Any,
-        heartbeat_value: Any,
-        failed_event: Any,
-        stop_event: Any,
         timeout: float,
-        oldest_pinned_version: Any = None,
         startup_error_path: str | None = None,
     ) -> None:
         self.process = process
-        self.startup_error_path = startup_error_path
-        self.rollout_buffer = rollout_buffer
-        self.metrics_queue = metrics_queue
-        self.exception_info_queue = exception_info_queue
-        self.model_version_value = model_version_value
-        self.token_allowance = token_allowance
-        self.heartbeat_value = heartbeat_value
-        self.failed_event = failed_event
-        self.stop_event = stop_event
+        self.channels = channels
         self.timeout = timeout
-        self._oldest_pinned = oldest_pinned_version
+        self.startup_error_path = startup_error_path
         self._stopped = False
         self._failure: str | None = None
 
@@ -155,24 +101,25 @@ class RolloutWorkerHandle:
     # --- trainer -> worker -----------------------------------------------------------------------
     def set_token_allowance(self, tokens: float) -> None:
         """Set the cumulative token ceiling (raw tokens consumed so far + allowed lead)."""
-        self.token_allowance.value = float(tokens)
+        self.channels.token_allowance.value = float(tokens)
 
     def set_model_version(self, version: int) -> None:
         """Publish the policy version now served (after a weight sync)."""
-        self.model_version_value.value = int(version)
+        self.channels.model_version_value.value = int(version)
 
     # --- worker -> trainer -----------------------------------------------------------------------
     def oldest_pinned_version(self) -> int | None:
         """The oldest policy version an in-flight rollout still generates with (None: not tracked)."""
-        return None if self._oldest_pinned is None else int(self._oldest_pinned.value)
+        pinned = self.channels.oldest_pinned_version
+        return None if pinned is None else int(pinned.value)
 
     def check_health(self) -> None:
         """Raise ``RuntimeError`` naming the rollout process if it failed, died or stopped beating."""
         if self._failure is not None:
             raise RuntimeError(self._failure)
-        if self.failed_event.is_set():
+        if self.channels.failed_event.is_set():
             try:
-                info = self.exception_info_queue.get(timeout=5.0)
+                info = self.channels.exception_info_queue.get(timeout=5.0)
                 detail = f"{info['type']}: {info['message']}\n\nTraceback in the rollout process:\n{info['traceback']}"
             except (queue.Empty, EOFError, OSError):
                 detail = "(no traceback was received)"
@@ -191,7 +138,7 @@ class RolloutWorkerHandle:
             state = "was stopped" if self._stopped else "died unexpectedly"
             self._failure = f"rollout process (pid {self.pid}) {state} ({how}) without reporting an error"
             raise RuntimeError(self._failure)
-        age = time.time() - self.heartbeat_value.value
+        age = time.time() - self.channels.heartbeat_value.value
         if age > self.timeout:
             self._failure = (
                 f"rollout process (pid {self.pid}) is hung: no heartbeat for {age:.0f} s "
@@ -210,7 +157,8 @@ class RolloutWorkerHandle:
             self.check_health()
             wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             try:
-                return self.rollout_buffer.get(timeout=wait) if wait > 0 else self.rollout_buffer.get_nowait()
+                buffer = self.channels.rollout_buffer
+                return buffer.get(timeout=wait) if wait > 0 else buffer.get_nowait()
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -224,7 +172,7 @@ class RolloutWorkerHandle:
         payloads = []
         while True:
             try:
-                payloads.append(self.metrics_queue.get_nowait())
+                payloads.append(self.channels.metrics_queue.get_nowait())
             except (queue.Empty, EOFError, OSError):
                 return payloads
 
@@ -233,7 +181,7 @@ class RolloutWorkerHandle:
         """Stop the worker: ask, wait ``grace_s``, then SIGTERM, then SIGKILL. Idempotent."""
         atexit.unregister(self.stop)
         self._stopped = True
-        self.stop_event.set()
+        self.channels.stop_event.set()
         deadline = time.monotonic() + grace_s
         while self.process.is_alive() and time.monotonic() < deadline:
             self._discard_queued()  # a child blocked on a full pipe could not exit
@@ -249,7 +197,7 @@ class RolloutWorkerHandle:
                 os.unlink(self.startup_error_path)
 
     def _discard_queued(self, limit: int = 10_000) -> None:
-        for q in (self.rollout_buffer, self.metrics_queue):
+        for q in (self.channels.rollout_buffer, self.channels.metrics_queue):
             with contextlib.suppress(queue.Empty, OSError, ValueError, EOFError):
                 for _ in range(limit):  # bounded: a live producer may refill it
                     q.get_nowait()
@@ -262,14 +210,15 @@ def start_rollout_process(
     initial_model_version: int = 0,
     **loop_kwargs: Any,
 ) -> RolloutWorkerHandle:
-    """Spawn the rollout process running ``loop_cls(**loop_kwargs, <queues and values>)``.
+    """Spawn the rollout process running ``loop_cls(**loop_kwargs, channels=<RolloutChannels>)``.
 
     ``loop_kwargs`` are :class:`~trainer.rollout.loop.AsyncRolloutLoop` constructor arguments except
-    the queues, values and events, which are created here and exposed on the handle. Reward
-    functions, tools, environment factories and ``loop_cls`` are checked for picklability first
-    (``TypeError`` naming the callable and the fix).
+    the channels (queues, values and events), which are created here and exposed on the handle.
+    ``initial_token_allowance``: raw tokens the child may generate before the trainer publishes its
+    first ceiling. Reward functions, tools, environment factories and ``loop_cls`` are checked for
+    picklability first (``TypeError`` naming the callable and the fix).
     """
-    clash = [k for k in _PASSED_BY_HANDLE if k in loop_kwargs]
+    clash = [k for k in _CREATED_HERE if k in loop_kwargs]
     if clash:
         raise TypeError(f"start_rollout_process creates {', '.join(clash)} itself; do not pass them")
     check_rollout_picklable(
@@ -279,22 +228,10 @@ def start_rollout_process(
         loop_kwargs.get("environment_factory"),
     )
     ctx = mp.get_context("spawn")
-    shared = {
-        "rollout_buffer": ctx.Queue(),
-        "model_version_value": ctx.Value("i", int(initial_model_version)),
-        "token_allowance": ctx.Value("d", float(initial_token_allowance)),
-        "heartbeat_value": ctx.Value("d", time.time()),
-        "failed_event": ctx.Event(),
-        "exception_info_queue": ctx.Queue(),
-        "metrics_queue": ctx.Queue(),
-    }
-    stop_event = ctx.Event()
-    pinned_value = ctx.Value("i", int(initial_model_version))
-    process = ctx.Process(
-        target=_rollout_main,
-        args=(loop_cls, {**loop_kwargs, **shared}, stop_event, pinned_value),
-        name="rollout-worker",
+    channels = RolloutChannels.create(
+        ctx, initial_model_version=initial_model_version, initial_token_allowance=initial_token_allowance
     )
+    process = ctx.Process(target=_rollout_main, args=(loop_cls, loop_kwargs, channels), name="rollout-worker")
     # The spawned interpreter inherits the environment at start: hide every GPU from it, and name
     # the file where it writes an error of its start-up phase (trainer/spawn_startup.py).
     fd, startup_error_path = tempfile.mkstemp(prefix="grpo-rollout-startup-", suffix=".txt")
@@ -310,21 +247,12 @@ def start_rollout_process(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    for name in ("rollout_buffer", "metrics_queue", "exception_info_queue"):
-        _close_parent_write_end(shared[name])
+    channels.close_parent_write_ends()
     config = loop_kwargs.get("config")
     handle = RolloutWorkerHandle(
         process,
-        rollout_buffer=shared["rollout_buffer"],
-        metrics_queue=shared["metrics_queue"],
-        exception_info_queue=shared["exception_info_queue"],
-        model_version_value=shared["model_version_value"],
-        token_allowance=shared["token_allowance"],
-        heartbeat_value=shared["heartbeat_value"],
-        failed_event=shared["failed_event"],
-        stop_event=stop_event,
+        channels,
         timeout=float(getattr(config, "rollout_worker_timeout", 300.0)),
-        oldest_pinned_version=pinned_value,
         startup_error_path=startup_error_path,
     )
     atexit.register(handle.stop)  # never leave an orphan behind a trainer that forgot stop()

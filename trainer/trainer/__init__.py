@@ -72,6 +72,7 @@ from trainer.modeling import (
 )
 from trainer.perf import peak_flops, training_flops
 from trainer.progress import RunProgressCallback
+from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.multiturn import tool_name
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
@@ -258,7 +259,7 @@ class AsyncGRPOTrainer(Trainer):
                 model_version=lambda: self._model_version,
                 token_budget=None,
                 num_rows=self.accelerator.num_processes,
-                max_staleness=self.args.max_staleness,
+                staleness=StalenessPolicy.from_config(self.args),
                 num_top_logprobs=self.args.num_sampler_logprobs if self.args.score_centering else 0,
                 start_position=self._start_position,
                 window=self._window,
@@ -302,12 +303,10 @@ class AsyncGRPOTrainer(Trainer):
         if not self.is_world_process_zero():
             return
         rows_per_step = args.gradient_accumulation_steps * self.accelerator.num_processes
-        # Until a step tells how many raw tokens a step takes: full rows, max(max_staleness, 1) steps.
-        lead = float(token_budget * rows_per_step * max(args.max_staleness, 1))
         tokenizer = self.processing_class
         self._handle = start_rollout_process(
             self.loop_cls,
-            initial_token_allowance=lead,
+            initial_token_allowance=self._feed.initial_lead(token_budget, rows_per_step),
             initial_model_version=self._model_version,
             config=args,
             model_name=served_name,
@@ -320,9 +319,12 @@ class AsyncGRPOTrainer(Trainer):
             dataset_start_index=self._start_position,
             lora_name=self._lora.lora_name if self._lora is not None else None,
         )
-        self._feed.attach(self._next_group, token_budget)
-        self._feed.allowance_lead = lead
-        self._feed.on_allowance = self._handle.set_token_allowance
+        self._feed.attach(
+            self._next_group,
+            token_budget,
+            on_allowance=self._handle.set_token_allowance,
+            rows_per_step=rows_per_step,
+        )
         logger.info(
             "rollout process pid %s started (server %s, model %s, token_budget %d, start position %d)",
             self._handle.pid,
@@ -350,14 +352,13 @@ class AsyncGRPOTrainer(Trainer):
             logger.warning("adapter-only sync impossible, merging the adapter instead: %s", blocker)
             return None
         base_url = self.args.vllm_server_base_url
-        check_server_lora(
-            lora, rank=adapter_rank(config), max_staleness=self.args.max_staleness, base_url=base_url
-        )
+        staleness = StalenessPolicy.from_config(self.args)
+        check_server_lora(lora, rank=adapter_rank(config), staleness=staleness, base_url=base_url)
         return LoraPublisher(
             base_url,
             Path(self.args.output_dir) / LORA_DIR_NAME,
             lora_name=f"grpo-{secrets.token_hex(4)}",  # unique per run: names never clash on a shared server
-            max_staleness=self.args.max_staleness,
+            staleness=staleness,
             timeout=min(self.args.vllm_server_timeout, 600),
         )
 
@@ -458,8 +459,7 @@ class AsyncGRPOTrainer(Trainer):
         now = time.perf_counter()
         if self.is_world_process_zero() and self._feed is not None:
             report = self._feed.finish_step()
-            if self._handle is not None:
-                self._feed.allowance_lead = max(self.args.max_staleness, 1) * report["raw_tokens"]
+            if self._handle is not None:  # finish_step set the new lead
                 self._feed.publish_allowance()
                 self._drain_rollout_metrics()
             self._record_perf(report, now)

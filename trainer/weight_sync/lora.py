@@ -11,9 +11,10 @@ the full weights synced (:mod:`trainer.weight_sync.client`). One version:
    cache block computed under an older adapter is reused);
 3. the trainer publishes the version to the rollout process, whose new rollouts request that name and
    keep it until they finish;
-4. versions older than the staleness window are unloaded (``max_staleness + 1`` stay live: the
-   oldest goes only after the next one is loaded, hence ``--max-loras >= max_staleness + 2``) and their
-   directories are deleted once no in-flight rollout is pinned to them.
+4. versions older than the staleness window are unloaded (``StalenessPolicy.lora_window``:
+   ``max_staleness + 1`` stay live; the oldest goes only after the next one is loaded, hence
+   ``--max-loras >= max_staleness + 2``, ``StalenessPolicy.lora_slots``) and their directories are
+   deleted once no in-flight rollout is pinned to them.
 
 The directory is a serving cache, not where the trained adapter is kept: checkpoints keep it.
 """
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from trainer.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
+from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.pinning import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError
 
@@ -102,19 +104,20 @@ def adapter_sync_blocker(peft_config) -> str | None:
     return None
 
 
-def check_server_lora(lora: ServerLora, *, rank: int, max_staleness: int, base_url: str) -> None:
+def check_server_lora(lora: ServerLora, *, rank: int, staleness: StalenessPolicy, base_url: str) -> None:
     """Raise ``ValueError`` naming the server flags to restart with when the server cannot serve
-    ``max_staleness + 2`` adapters of ``rank`` (``max_staleness + 1`` live, one being loaded)."""
+    ``staleness.lora_slots`` adapters of ``rank`` (the ``max_staleness + 1`` of the window live, one
+    being loaded)."""
     problems, flags = [], []
     need_rank = required_max_lora_rank(rank)
     if lora.max_lora_rank < rank:
         problems.append(f"--max-lora-rank {lora.max_lora_rank} < peft_config.r={rank}")
         flags.append(f"--max-lora-rank {need_rank}")
-    need_loras = max_staleness + 2
+    need_loras = staleness.lora_slots
     if lora.max_loras < need_loras:
         problems.append(
             f"--max-loras {lora.max_loras} < max_staleness + 2 = {need_loras} "
-            f"({max_staleness + 1} versions live while the next one loads)"
+            f"({staleness.lora_live_versions} versions live while the next one loads)"
         )
         flags.append(f"--max-loras {need_loras}")
     if not lora.runtime_updating:
@@ -135,17 +138,23 @@ class LoraPublisher:
         base_url: the server, e.g. ``http://127.0.0.1:8000``.
         directory: ``<output_dir>/.vllm_lora`` (created; readable by the server).
         lora_name: the prefix of every served adapter name (unique per training run).
-        max_staleness: versions ``current - max_staleness .. current`` stay loaded.
+        staleness: the ``max_staleness`` rule; versions in ``staleness.lora_window(current)`` stay loaded.
         timeout: seconds per HTTP call.
     """
 
     def __init__(
-        self, base_url: str, directory: str | os.PathLike, lora_name: str, max_staleness: int, timeout: float
+        self,
+        base_url: str,
+        directory: str | os.PathLike,
+        lora_name: str,
+        *,
+        staleness: StalenessPolicy,
+        timeout: float,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.directory = Path(directory).resolve()
         self.lora_name = lora_name
-        self.max_staleness = int(max_staleness)
+        self.staleness = staleness
         self.timeout = float(timeout)
         self.loaded: list[int] = []  # versions registered on the server, oldest first
         self.on_disk: list[int] = []  # versions whose directory still exists, oldest first
@@ -197,10 +206,10 @@ class LoraPublisher:
         return {PERF_WEIGHT_SYNC_S: done - started, PERF_WEIGHT_SYNC_TRANSFER_S: done - written}
 
     def retire(self, current_version: int, oldest_pinned: int | None) -> None:
-        """Unload versions before ``current_version - max_staleness``; delete the directories of
-        unloaded versions older than ``oldest_pinned`` (the oldest version an in-flight rollout uses;
-        None: no rollout process to ask, so only versions outside the window are deleted)."""
-        keep_from = current_version - self.max_staleness
+        """Unload versions older than ``staleness.lora_window(current_version)``; delete the
+        directories of unloaded versions older than ``oldest_pinned`` (the oldest version an in-flight
+        rollout uses; None: no rollout process to ask, so only versions outside the window are deleted)."""
+        keep_from = self.staleness.lora_window(current_version).start
         for version in [v for v in self.loaded if v < keep_from]:
             self._unload(version)
         floor = keep_from if oldest_pinned is None else min(keep_from, oldest_pinned)
