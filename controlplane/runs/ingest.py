@@ -164,9 +164,15 @@ def run_output_ingest(
             completion_samples_ingest(run_id=run_id, step=step, items=items, first_index=first_index)
         for step, path in checkpoints:
             checkpoint_record(run_id=run_id, step=step, path=path)
-        for name, (offset, step, count) in cursors.items():
-            RunFileCursor.objects.update_or_create(
-                run_id=run_id, name=name, defaults={"offset": offset, "step": step, "count": count}
+        if cursors:  # one upsert statement for every file read
+            RunFileCursor.objects.bulk_create(
+                [
+                    RunFileCursor(run_id=run_id, name=name, offset=offset, step=step, count=count)
+                    for name, (offset, step, count) in cursors.items()
+                ],
+                update_conflicts=True,
+                unique_fields=["run", "name"],
+                update_fields=["offset", "step", "count"],
             )
 
 
