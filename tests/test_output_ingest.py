@@ -88,3 +88,30 @@ def test_the_run_processes_get_no_control_plane_settings(monkeypatch):
     env = child_environment(os.environ)
     assert not CONTROL_PLANE_ENV & set(env)
     assert "DATABASE_URL" not in env and env["PATH"] == os.environ["PATH"]
+
+
+def test_the_guard_that_starts_the_run_processes_loads_no_control_plane(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**child_environment(os.environ), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    probe = f"import os; print(sorted(k for k in os.environ if k in {sorted(CONTROL_PLANE_ENV)!r}))"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "worker.guard",
+            "--parent",
+            str(os.getpid()),
+            "--",
+            sys.executable,
+            "-c",
+            probe,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -103,7 +103,8 @@ def test_a_killed_worker_neither_loses_nor_doubles_a_step_and_the_trainer_has_no
         members = group_members(run.trainer_pid)
         assert len(members) >= 2
         for pid in members:
-            assert not environment_names(pid) & {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+            leaked = environment_names(pid) & {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+            assert not leaked, (pid, leaked, Path(f"/proc/{pid}/cmdline").read_bytes()[:300])
         groups = [run.vllm_pid, run.trainer_pid]
         own = [pid for pid in [worker.pid, *descendants(worker.pid)] if os.getpgid(pid) not in groups]
         for pid in own:
