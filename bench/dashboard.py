@@ -1,6 +1,8 @@
-"""Dashboard benchmark: first paint of a big run, and websocket delivery latency under many viewers.
+"""Dashboard benchmark: first paint of a big run, websocket delivery latency under many viewers, and
+a logged step's delivery from the trainer's file to the browser's socket.
 
     .venv/bin/python bench/dashboard.py [--metrics 50] [--steps 5000] [--viewers 50] [--messages 200]
+    .venv/bin/python bench/dashboard.py --only delivery [--delivery-viewers 5] [--messages 200]
 
 1. First paint: a run with ``--metrics`` metrics x ``--steps`` steps is written to Postgres; headless
    Chromium (Playwright, Debian's chromium) logs in and opens the run page served by daphne. Reported:
@@ -9,9 +11,15 @@
 2. Delivery latency: ``--viewers`` websocket clients (token auth) follow one run while the real ingest
    service publishes ``--messages`` logging steps (50 metrics each, at ``--rate`` per second). Latency is
    the publish-to-receive time of every (viewer, message) pair: p50 / p95 / max.
+3. File delivery (what a live run does; target p95 <= 500 ms): a fake trainer appends ``--messages``
+   steps (50 metrics each, at ``--rate`` per second) to a real ``metrics.jsonl`` through the trainer's
+   ``JsonlSink``; the supervisor's ``RunOutputTailer`` polls it every ``INGEST_POLL_S`` (as
+   ``RunSupervisor._watch`` does) and stores + publishes; ``--delivery-viewers`` websocket clients
+   through daphne receive it. Latency: the line's write time to each client's receive time.
 
 Uses the configured database (DATABASE_URL) and Redis; the bench run and user are deleted afterwards.
-Prints one JSON object and writes it to bench/results/dashboard-cpu.json.
+Prints one JSON object and writes it to bench/results/dashboard-cpu.json (``--only delivery``:
+bench/results/dashboard-delivery-cpu.json).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -188,6 +198,58 @@ async def _bench_latency(
     }
 
 
+async def _bench_file_delivery(
+    base: str, run_id: int, token: str, out_dir: Path, viewers: int, messages: int, rate: float
+) -> dict:
+    from trainer.sinks import JsonlSink
+    from worker.tailer import INGEST_POLL_S, RunOutputTailer
+
+    url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
+    latencies: list[float] = []
+    ready = asyncio.Event()
+    counter = [0, viewers]
+    tasks = [asyncio.create_task(_viewer(url, messages, latencies, ready, counter)) for _ in range(viewers)]
+    await asyncio.wait_for(ready.wait(), timeout=60)
+    stop = threading.Event()
+
+    def supervise() -> None:  # RunSupervisor._watch's ingest, on its own thread and connection
+        from django.db import connection
+
+        tailer = RunOutputTailer(run_id=run_id, output_dir=out_dir)
+        try:
+            while not stop.is_set():
+                tailer.poll(now=time.monotonic())
+                time.sleep(INGEST_POLL_S)
+            tailer.drain()
+        finally:
+            connection.close()
+
+    supervisor = threading.Thread(target=supervise, name="bench-tailer")
+    supervisor.start()
+    sink = JsonlSink(out_dir)  # the fake trainer: real appends to metrics.jsonl
+    values = {f"bench/metric_{i}": float(i) for i in range(49)}
+    started = time.monotonic()
+    try:
+        for step in range(1, messages + 1):
+            sink.metrics(step, {**values, "bench/sent_at": time.time()})
+            await asyncio.sleep(max(0.0, started + step / rate - time.monotonic()))
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    finally:
+        stop.set()
+        supervisor.join(timeout=30)
+    ms = sorted(1000 * x for x in latencies)
+    return {
+        "viewers": viewers,
+        "messages": messages,
+        "rate_per_s": rate,
+        "poll_s": INGEST_POLL_S,
+        "deliveries": len(ms),
+        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
+        "max_ms": round(ms[-1], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,6 +259,8 @@ def main() -> None:
     parser.add_argument("--viewers", type=int, default=50)
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0, help="logging steps published per second")
+    parser.add_argument("--delivery-viewers", type=int, default=5)
+    parser.add_argument("--only", choices=["all", "delivery"], default="all")
     args = parser.parse_args()
 
     _setup_django()
@@ -211,30 +275,45 @@ def main() -> None:
     port = free_port()
     daphne = _start_daphne(port)
     base = f"http://127.0.0.1:{port}"
+    result: dict = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "command": "python bench/dashboard.py " + " ".join(sys.argv[1:]),
+    }
     try:
-        t0 = time.monotonic()
-        big = _make_run(user, metrics=args.metrics, steps=args.steps)
-        write_s = time.monotonic() - t0
-        paint = bench_first_paint(base, big.pk, args.metrics, args.steps, password)
-        live = _make_run(user, metrics=2, steps=1)
         token = services.token_issue(username="bench-viewer")
-        latency = asyncio.run(_bench_latency(base, live.pk, token, args.viewers, args.messages, args.rate))
+        if args.only == "all":
+            t0 = time.monotonic()
+            big = _make_run(user, metrics=args.metrics, steps=args.steps)
+            write_s = time.monotonic() - t0
+            paint = bench_first_paint(base, big.pk, args.metrics, args.steps, password)
+            result["first_paint"] = {
+                "metrics": args.metrics,
+                "steps": args.steps,
+                "db_write_s": round(write_s, 1),
+                **paint,
+            }
+            live = _make_run(user, metrics=2, steps=1)
+            result["websocket_latency"] = asyncio.run(
+                _bench_latency(base, live.pk, token, args.viewers, args.messages, args.rate)
+            )
+        else:  # the same viewers fed by direct publishes, at the same moment: the file's share
+            direct = _make_run(user, metrics=2, steps=1)
+            result["direct_publish_same_load"] = asyncio.run(
+                _bench_latency(base, direct.pk, token, args.delivery_viewers, args.messages, args.rate)
+            )
+        followed = _make_run(user, metrics=2, steps=1)
+        with tempfile.TemporaryDirectory(prefix="bench-delivery-") as out_dir:
+            result["file_to_socket_delivery"] = asyncio.run(
+                _bench_file_delivery(
+                    base, followed.pk, token, Path(out_dir), args.delivery_viewers, args.messages, args.rate
+                )
+            )
     finally:
         daphne.terminate()
         daphne.wait(timeout=10)
         user.delete()  # cascades to the bench runs and their points
-    result = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
-        "command": "python bench/dashboard.py " + " ".join(sys.argv[1:]),
-        "first_paint": {
-            "metrics": args.metrics,
-            "steps": args.steps,
-            "db_write_s": round(write_s, 1),
-            **paint,
-        },
-        "websocket_latency": latency,
-    }
-    out = REPO / "bench" / "results" / "dashboard-cpu.json"
+    name = "dashboard-cpu.json" if args.only == "all" else "dashboard-delivery-cpu.json"
+    out = REPO / "bench" / "results" / name
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

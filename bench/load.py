@@ -1,7 +1,7 @@
 """Control-plane load, on loopback, bounded in time:
 
 1. metric ingestion sustained for ``--ingest-s`` seconds (default 60) through the service the trainer's
-   reporting callback calls (``metric_steps_ingest``: one upsert statement per batch of steps), from
+   supervisor's tailer calls (``metric_steps_ingest``: one upsert statement per batch of steps), from
    ``--writers`` concurrent writers (threads, each its own connection, each its own run);
 2. the metrics query of a run with ``--query-points`` points (default 100,000 = 50 metrics x 2,000
    steps): the selector alone and the whole HTTP request through daphne, both layouts;

@@ -1,6 +1,6 @@
 """The run page stays connected: a real browser (headless Debian Chromium through Playwright) on the
 run page served by daphne, with the real Redis channel layer and the real ingest services as the
-producer (what the trainer's reporting callback calls).
+producer (what the supervisor's tailer calls).
 
 * soak: >= 3 minutes with steps arriving at uneven gaps (several longer than the channel layer's
   5 s blocking pop, which is what used to drop the socket): one websocket for the whole time, no

@@ -1,7 +1,7 @@
 """The run stream ``/ws/runs/<id>/`` through the real ASGI application (auth middleware, URL router,
 consumer) and the real Redis channel layer, driven by Channels' ``WebsocketCommunicator``.
 
-Producers are the real ingest services: what a trainer's callback calls is what reaches the socket.
+Producers are the real ingest services: what the supervisor's tailer calls is what reaches the socket.
 These tests commit (``transaction=True``) because the consumer reads the run from its own thread and
 the services publish on commit.
 """
@@ -199,13 +199,15 @@ def test_foreign_origin_is_refused_and_a_script_without_origin_is_let_in():
     run_async(scenario())
 
 
-def test_reporting_callback_batches_a_fast_run_into_few_messages(tmp_path):
-    """The trainer-side producer: 30 steps logged within ~100 ms reach the channel layer as a few
-    batch messages (flushes at most every batch_s), and the socket still gets one message per step."""
-    from types import SimpleNamespace
+def test_output_tailer_batches_a_fast_run_into_few_messages(tmp_path):
+    """The supervisor's producer: 30 steps appended to metrics.jsonl within ~100 ms reach the
+    channel layer as a few batch messages (one per poll, every INGEST_POLL_S), and the socket still
+    gets one message per step."""
+    import threading
 
     from controlplane.runs.models import MetricPoint
-    from worker.reporting import ControlPlaneCallback
+    from trainer.sinks import JsonlSink
+    from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
     alice = make_user("alice")
     run = make_run(alice)
@@ -220,14 +222,21 @@ def test_reporting_callback_batches_a_fast_run_into_few_messages(tmp_path):
         await layer.group_add(f"run-{run.pk}", spy)
         comm, _ = await open_socket(f"/ws/runs/{run.pk}/?token={token}")
 
-        def produce():
-            callback = ControlPlaneCallback(run_id=run.pk, batch_s=0.25)
-            args = SimpleNamespace(output_dir=str(tmp_path))
+        def write():  # the trainer's side: a real file, appended as it logs
+            sink = JsonlSink(tmp_path)
             for step in range(1, 31):
-                state = SimpleNamespace(is_world_process_zero=True, global_step=step)
-                callback.on_log(args, state, None, logs={"reward": step / 100, "loss": 0.5})
+                sink.metrics(step, {"reward": step / 100, "loss": 0.5})
                 time.sleep(0.003)
-            callback.on_train_end(args, state, None)
+            sink.close()
+
+        def produce():
+            tailer = RunOutputTailer(run_id=run.pk, output_dir=tmp_path)
+            writer = threading.Thread(target=write)
+            writer.start()
+            while writer.is_alive():
+                tailer.poll(now=time.monotonic())
+                time.sleep(INGEST_POLL_S)
+            tailer.drain()
 
         started = time.monotonic()
         await database_sync_to_async(produce)()
@@ -244,6 +253,6 @@ def test_reporting_callback_batches_a_fast_run_into_few_messages(tmp_path):
 
     elapsed = run_async(scenario())
     assert MetricPoint.objects.filter(run=run, name="reward").count() == 30
-    # ~30 steps over `elapsed` seconds with a flush at most every 0.25 s (plus the close()).
-    assert 1 <= len(layer_messages) <= elapsed / 0.25 + 2, (len(layer_messages), elapsed)
+    # ~30 steps over `elapsed` seconds with a poll every INGEST_POLL_S (plus the final drain).
+    assert 1 <= len(layer_messages) <= elapsed / INGEST_POLL_S + 2, (len(layer_messages), elapsed)
     assert any(m["type"] == "run.metrics.batch" and len(m["steps"]) > 1 for m in layer_messages)

@@ -420,18 +420,16 @@ def test_demo_run_uses_registry_names_and_is_reused():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_control_plane_callback_writes_batches_and_survives_refused_writes(tmp_path):
-    """The callback the trainer process runs, driven with the trainer's event arguments."""
-    from types import SimpleNamespace
-
+def test_output_tailer_stores_the_sink_files_and_survives_refused_lines(tmp_path):
+    """What the trainer's default sink writes, read back by the supervisor's tailer."""
     from controlplane.runs.models import Checkpoint
-    from worker.reporting import MAX_ATTEMPTS, ControlPlaneCallback
+    from trainer.sinks import JsonlSink
+    from worker.tailer import RunOutputTailer
 
     owner = make_user("trainer-owner")
     run, _ = services.run_create(owner=owner, config=good_config(), launch=False)
-    callback = ControlPlaneCallback(run_id=run.pk, batch_s=0)  # inline writes: one per event
-    args = SimpleNamespace(output_dir=str(tmp_path))
-    state = SimpleNamespace(is_world_process_zero=True, global_step=1)
+    sink = JsonlSink(tmp_path)
+    tailer = RunOutputTailer(run_id=run.pk, output_dir=tmp_path)
     item = {
         "prompt": "p",
         "completion": "c\x00",
@@ -440,25 +438,32 @@ def test_control_plane_callback_writes_batches_and_survives_refused_writes(tmp_p
         "advantage": 0.0,
         "group_id": 0,
     }
-    callback.on_completions(args, state, None, completions=[item, item])
-    callback.on_log(args, state, None, logs={"reward": 0.5, "loss": 0.1})
-    callback.on_save(args, state, None)
+    sink.metrics(1, {"reward": 0.5, "loss": 0.1})
+    sink.completions(1, [item, item])
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    (folder / "rollout_state.json").write_text("{}")  # the trainer writes it last
+    sink.checkpoint(1, str(folder))
+    tailer.poll()
     assert MetricPoint.objects.filter(run=run, step=1).count() == 2
     assert CompletionSample.objects.filter(run=run, step=1, completion="c").count() == 2
     assert Checkpoint.objects.get(run=run).path == str(tmp_path / "checkpoint-1")
-    # The database refuses a write (a negative step violates the column's check): it is retried on
-    # the next events, then dropped, and later steps still get through; training never sees an error.
-    state.global_step = -1
-    callback.on_log(args, state, None, logs={"reward": 0.1})
-    state.global_step = 2
-    for _ in range(MAX_ATTEMPTS):
-        callback.on_log(args, state, None, logs={"reward": 0.75})
+    # The database refuses a line (a negative step violates the column's check): it is skipped,
+    # and later steps still get through; the trainer never sees an error.
+    sink.metrics(-1, {"reward": 0.1})
+    for _ in range(5):
+        sink.metrics(2, {"reward": 0.75})
+    tailer.poll()
     assert list(
         MetricPoint.objects.filter(run=run, name="reward").order_by("step").values_list("step", "value")
     ) == [
         (1, 0.5),
         (2, 0.75),
     ]
+    # A restarted worker's tailer starts at the saved offsets: nothing is read twice.
+    sink.metrics(3, {"reward": 1.0})
+    assert RunOutputTailer(run_id=run.pk, output_dir=tmp_path).poll() == 1
+    assert Checkpoint.objects.filter(run=run).count() == 1
 
 
 @pytest.mark.django_db

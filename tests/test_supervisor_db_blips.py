@@ -97,3 +97,25 @@ def test_trainer_ranks_are_recorded_on_the_poll_after_a_dead_connection(watched)
     assert Run.objects.get(pk=watched.run_id).placement["trainer"]["ranks"] != ranks
     watched._record_ranks()
     assert Run.objects.get(pk=watched.run_id).placement["trainer"]["ranks"] == ranks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_output_ingest_waits_out_a_dead_connection_and_stores_each_step_once(watched):
+    from controlplane.runs.models import MetricPoint, RunFileCursor
+    from trainer.sinks import METRICS_FILE, JsonlSink
+
+    watched.tailer.output_dir = watched.out
+    sink = JsonlSink(watched.out)
+    for step in (1, 2):
+        sink.metrics(step, {"reward": step / 10})
+    kill_this_threads_connection()
+    watched._ingest_outputs()  # refused: deferred, not raised; the offset does not move
+    assert not RunFileCursor.objects.filter(run_id=watched.run_id).exists()
+    sink.metrics(3, {"reward": 0.3})
+    watched._ingest_outputs()  # the database answers again: all three steps, once
+    watched._ingest_outputs()
+    rewards = MetricPoint.objects.filter(run_id=watched.run_id, name="reward").order_by("step")
+    assert list(rewards.values_list("step", "value")) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert (
+        RunFileCursor.objects.get(run_id=watched.run_id).offset == (watched.out / METRICS_FILE).stat().st_size
+    )

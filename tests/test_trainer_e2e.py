@@ -22,6 +22,7 @@ from tests.conftest import REPO
 from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
 from trainer.metrics import REWARD_FUNC_MEAN, always_logged
 from trainer.rewards import accuracy_reward
+from trainer.sinks import JsonlSink, Sink, jsonable
 from trainer.tasks.arithmetic import arithmetic_rows
 from trainer.tasks.demo import demo_run_document, unseen_fact_rows
 
@@ -49,6 +50,29 @@ def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
     )
     kwargs.update(overrides)
     return AsyncGRPOConfig(**kwargs)
+
+
+class RecordingSink:
+    """A user's sink (the trainer.sinks.Sink protocol): what it was given, as the JSONL sink writes it."""
+
+    def __init__(self) -> None:
+        self.metric_rows: list[tuple[int, dict]] = []
+        self.completion_rows: list[dict] = []
+        self.checkpoint_steps: list[int] = []
+        self.closed = False
+
+    def metrics(self, step: int, values) -> None:
+        self.metric_rows.append((step, json.loads(json.dumps({"step": step, **jsonable(values)}))))
+
+    def completions(self, step: int, rows) -> None:
+        self.completion_rows.extend(rows)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        assert (Path(path) / "rollout_state.json").exists()
+        self.checkpoint_steps.append(step)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _dataset(n: int = 256) -> Dataset:
@@ -181,11 +205,24 @@ def test_one_epoch_trains_each_prompt_at_most_once_and_saves_at_its_end(
         num_train_epochs=1,
         save_strategy="steps",
         save_steps=10**6,
+        log_completions=True,
     )
+    recorded = RecordingSink()
     trainer = AsyncGRPOTrainer(
-        str(tiny_model_dir), reward_funcs=accuracy_reward, args=args, train_dataset=dataset
+        str(tiny_model_dir),
+        reward_funcs=accuracy_reward,
+        args=args,
+        train_dataset=dataset,
+        sinks=[JsonlSink(args.output_dir), recorded],
     )
     trainer.train()
+    # Every sink gets the same records from the one place the trainer reports: the files' lines,
+    # the final checkpoint once complete, then close().
+    assert isinstance(recorded, Sink)
+    assert recorded.metric_rows == [(r["step"], r) for r in _metrics(tmp_path / "run")]
+    completions = (tmp_path / "run" / "completions.jsonl").read_text().splitlines()
+    assert recorded.completion_rows and len(recorded.completion_rows) == len(completions)
+    assert recorded.checkpoint_steps == [trainer.state.global_step] and recorded.closed
     assert trainer.state.epoch == pytest.approx(1.0)  # N epochs = N passes over the distinct prompts
     rows = [r for r in _metrics(tmp_path / "run") if "loss" in r]
     assert sum(r["batch/groups_per_step"] for r in rows) <= len(dataset)  # none trained twice

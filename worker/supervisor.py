@@ -10,13 +10,16 @@ An attempt (:func:`supervise_run`):
    server's URL, the model's local directory),
 3. starts ``python -m trainer serve`` on the run's vLLM GPUs (none with a named server) and waits
    for ``/health``,
-4. starts ``python -m trainer train --config RUN.yaml --callback worker.reporting.ControlPlaneCallback``
-   (``--resume CHECKPOINT`` when a previous attempt left one) on the trainer's GPUs, under
-   ``torch.distributed.run`` for several processes (:mod:`worker.launch`), records each child's
-   environment and the trainer's ranks, and marks the run ``running``,
-5. watches both: trainer exit 0 -> ``completed``; trainer or server exit otherwise -> ``failed`` with
-   the exit status and the last log lines; ``stopping`` (set by the API) -> both are ended and the
-   run is ``stopped``.
+4. stores what a previous attempt left unread in the output folder, then starts
+   ``python -m trainer train --config RUN.yaml`` (``--resume CHECKPOINT`` when a previous attempt
+   left one) on the trainer's GPUs, under ``torch.distributed.run`` for several processes
+   (:mod:`worker.launch`), without the control plane's credentials (``CONTROL_PLANE_ENV``), records
+   each child's environment and the trainer's ranks, and marks the run ``running``,
+5. watches both, ingesting the trainer's ``metrics.jsonl``, ``completions.jsonl`` and checkpoint
+   folders as they grow (:mod:`worker.tailer`, every ``INGEST_POLL_S``): trainer exit 0 ->
+   ``completed``; trainer or server exit otherwise -> ``failed`` with the exit status and the last
+   log lines; ``stopping`` (set by the API) -> both are ended and the run is ``stopped``. What the
+   trainer wrote last is ingested once its processes are gone, before the final status.
 
 Every child is started through :mod:`worker.guard` in its own process group, and stopped as a
 group (SIGTERM, SIGKILL after ``GRPO_STOP_GRACE_S``). The supervisor refreshes ``Run.heartbeat_at``
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -52,12 +56,26 @@ from controlplane.runs import ingest, selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from worker.launch import devices_env, trainer_command, vllm_placement_flags
 from worker.processes import ManagedProcess, http_ok
+from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CALLBACK_PATH = "worker.reporting.ControlPlaneCallback"
 POLL_S = 1.0
+# The control plane's settings that must not reach the run's processes (the trainer runs user code:
+# rewards, tools, environments, plugins); it reports through files (trainer.sinks) instead.
+CONTROL_PLANE_ENV = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DJANGO_SETTINGS_MODULE",
+        "GRPO_CHANNEL_PREFIX",
+        "GRPO_CACHE_PREFIX",
+        "SECRET_KEY",
+        "GRPO_DEMO_PASSWORD",
+    }
+)
+FINAL_INGEST_TRIES = 5
 LOG_EVENT_EVERY_S = 15.0
 TAIL_LINES = 40
 # vLLM flags for registered models (the tiny model's context and dtype, measured in NOTES.md).
@@ -117,6 +135,7 @@ class RunSupervisor:
         self._next_beat = 0.0
         self._next_log_event = 0.0
         self._log_offset = 0
+        self.tailer = RunOutputTailer(run_id=run.pk, output_dir=self.out)
 
     # ------------------------------------------------------------------------------ life cycle
     def run(self) -> str:
@@ -138,8 +157,8 @@ class RunSupervisor:
             )
         finally:
             trainer_code, vllm_code = self._stop_processes()
+            self._ingest_final()
             self._record_exits(trainer_code, vllm_code)
-            self._backfill_metrics()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         if lost:
@@ -171,6 +190,10 @@ class RunSupervisor:
             self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
+        # What the last attempt wrote that its worker had not stored (killed with it), then a fresh
+        # completions block for this attempt's re-done steps.
+        self.tailer.drain()
+        self.tailer.new_attempt()
         self._start_trainer(config_path, checkpoint)
         resumed_from = None
         if checkpoint is not None:
@@ -314,17 +337,11 @@ class RunSupervisor:
         )
 
     def _start_trainer(self, config_path: Path, checkpoint: Path | None) -> None:
-        module = ["-m", "trainer", "train", "--config", str(config_path), "--callback", CALLBACK_PATH]
+        module = ["-m", "trainer", "train", "--config", str(config_path)]
         if checkpoint is not None:
             module += ["--resume", str(checkpoint)]
         argv, devices, launcher = trainer_command(self.placement.get("trainer") or {}, module)
-        env = {
-            "GRPO_RUN_ID": str(self.run_id),
-            "DATABASE_URL": settings.DATABASE_URL,
-            "REDIS_URL": settings.REDIS_URL,
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            **devices,
-        }
+        env = {"GRPO_RUN_ID": str(self.run_id), **devices}
         with contextlib.suppress(FileNotFoundError):
             (self.out / "ranks.json").unlink()  # a previous attempt's
         self.trainer = self._start("trainer", argv, env)
@@ -341,7 +358,7 @@ class RunSupervisor:
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
         log_path = self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
         full_env = {
-            **os.environ,
+            **child_environment(os.environ),
             "PYTHONUNBUFFERED": "1",
             "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
         }
@@ -350,6 +367,8 @@ class RunSupervisor:
         return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
 
     def _watch(self) -> None:
+        """Ingest the output folder every ``INGEST_POLL_S``; check the processes every ``POLL_S``."""
+        next_check = 0.0
         while True:
             code = self.trainer.poll()
             if code is not None:
@@ -359,10 +378,19 @@ class RunSupervisor:
                     RunStatus.FAILED,
                     f"trainer exited with status {_describe(code)}:\n{self.trainer.log_tail(TAIL_LINES)}",
                 )
-            self._check()
-            self._record_ranks()
-            self._maybe_log_event()
-            time.sleep(POLL_S)
+            now = time.monotonic()
+            self._ingest_outputs(now)
+            if now >= next_check:
+                next_check = now + POLL_S
+                self._check()
+                self._record_ranks()
+                self._maybe_log_event()
+            time.sleep(INGEST_POLL_S)
+
+    def _ingest_outputs(self, now: float | None = None) -> None:
+        """The output files' new lines and new checkpoints, stored; on a database blip, deferred
+        to a later poll (the offsets move only with a committed write)."""
+        self._through_db_blips(functools.partial(self.tailer.poll, now=now), what="ingesting the outputs")
 
     def _check(self) -> None:
         """Between polls: a stop, a shutdown, a lost run, a dead server; heartbeat when due."""
@@ -470,14 +498,18 @@ class RunSupervisor:
                 )
         return codes[0], codes[1]
 
-    def _backfill_metrics(self) -> None:
-        """Steps in metrics.jsonl the trainer's callback had not stored yet (a crash inside its batch
-        window) reach Postgres now; a failure here is logged, never raised (the run must finish)."""
-        try:
-            ingest.metric_points_backfill(run_id=self.run_id, metrics_file=self.out / "metrics.jsonl")
-        except Exception:
-            logger.warning("run %s: metrics backfill from metrics.jsonl failed", self.run_id, exc_info=True)
-            close_old_connections()
+    def _ingest_final(self) -> None:
+        """What the trainer wrote last reaches Postgres before the run's final status; a database
+        still down after a few tries is logged, never raised (the run must finish; the offsets
+        stay, so a resumed attempt stores the rest first)."""
+        for attempt in range(FINAL_INGEST_TRIES):
+            try:
+                self.tailer.drain()
+                return
+            except Exception:
+                logger.warning("run %s: ingesting the output files failed", self.run_id, exc_info=True)
+                close_old_connections()
+                time.sleep(min(2.0**attempt, 5.0))
 
     def _record_exits(self, trainer_code: int | None, vllm_code: int | None) -> None:
         for process, code in ((self.trainer, trainer_code), (self.vllm, vllm_code)):
@@ -501,6 +533,12 @@ class RunSupervisor:
 
 
 # ------------------------------------------------------------------------------------ helpers
+def child_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """``environ`` less the control plane's settings (``CONTROL_PLANE_ENV``): what the run's
+    processes inherit from the worker."""
+    return {name: value for name, value in environ.items() if name not in CONTROL_PLANE_ENV}
+
+
 def _model_plan(name: str) -> str:
     """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
     if name != "tiny":

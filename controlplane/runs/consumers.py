@@ -9,8 +9,8 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
     {"type": "event", "id": 7, "kind": "log", "message": "...", "created_at": "..."}
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
-Producers batch: the trainer's reporting callback flushes at most every ~250 ms, and
-:func:`controlplane.runs.ingest.metric_steps_ingest` publishes one channel-layer message per flush
+Producers batch: the supervisor's tailer (``worker/tailer.py``) reads the trainer's files every
+~100 ms, and :func:`controlplane.runs.ingest.metric_steps_ingest` publishes one channel-layer message per read
 carrying every metric of every step in it (never one per metric); this consumer forwards each step
 as its own ``metrics`` message, in step order.
 

@@ -1,7 +1,9 @@
-"""What the trainer's reporting callback and the supervisor write as a run goes: metrics (one upsert
-statement per batch of logging steps, on the natural keys, so a retried or resumed step replaces
-rather than duplicates), sampled completions, checkpoints. Each is also published to the run's
-channel-layer group. Called in the trainer process by ``worker.reporting.ControlPlaneCallback``.
+"""What the supervisor stores as a run goes, read from the run's output folder (``worker/tailer.py``):
+metrics (one upsert statement per batch of logging steps, on the natural keys, so a re-read or
+resumed step replaces rather than duplicates), sampled completions, checkpoints, and how far each
+file was read (:func:`run_output_ingest`: the lines and the new offsets in one transaction). Each is
+also published to the run's channel-layer group once committed. Runs in the Celery worker; the
+trainer process has no database access.
 """
 
 from __future__ import annotations
@@ -9,13 +11,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, RunEventKind
+from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, RunEventKind, RunFileCursor
 from controlplane.runs.services import MAX_PUBLISHED_TEXT_CHARS, run_event_create, run_message_publish
 
 
@@ -30,31 +31,6 @@ def _message_publish(run_id: int, message: dict) -> None:
 def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -> int:
     """Store one logging step's metrics (see :func:`metric_steps_ingest`). Returns the count."""
     return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
-
-
-def metric_points_backfill(*, run_id: int, metrics_file: Path, chunk_steps: int = 500) -> int:
-    """Upsert every step of a run's ``metrics.jsonl`` (later lines win, as in the file's own history).
-
-    The supervisor calls it when an attempt ends, whatever the cause: steps the reporting callback
-    had not written yet when its process died (a kill -9 lands inside its ~250 ms batch window) are
-    in the file, which the trainer writes first. Idempotent; not published (nobody waits for it
-    live). Returns the number of steps read.
-    """
-    if not metrics_file.is_file():
-        return 0
-    rows: dict[int, dict[str, Any]] = {}
-    with open(metrics_file, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-                step = int(row["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut by the kill
-            rows.setdefault(step, {}).update(row)
-    steps = sorted(rows.items())
-    for start in range(0, len(steps), chunk_steps):
-        metric_steps_ingest(run_id=run_id, steps=steps[start : start + chunk_steps], publish=False)
-    return len(steps)
 
 
 def metric_steps_ingest(
@@ -104,15 +80,18 @@ def _metric_points_upsert(run_id: int, points: list[tuple[int, str, float]]) -> 
         )
 
 
-def completion_samples_ingest(*, run_id: int, step: int, items: Sequence[Mapping[str, Any]]) -> int:
-    """Store up to ``GRPO_COMPLETIONS_PER_STEP`` sampled completions of one step in one statement
-    (upsert on (run, step, index)) and publish ``{"type": "run.completions", "step", "items"}``."""
-    items = list(items)[: settings.GRPO_COMPLETIONS_PER_STEP]
+def completion_samples_ingest(
+    *, run_id: int, step: int, items: Sequence[Mapping[str, Any]], first_index: int = 0
+) -> int:
+    """Store sampled completions of one step in one statement (upsert on (run, step, index), the
+    items at indices ``first_index``, ``first_index + 1``, ...; none past ``GRPO_COMPLETIONS_PER_STEP``)
+    and publish ``{"type": "run.completions", "step", "items"}``. Returns the count stored."""
+    items = list(items)[: max(0, settings.GRPO_COMPLETIONS_PER_STEP - first_index)]
     rows = [
         CompletionSample(
             run_id=run_id,
             step=step,
-            index=i,
+            index=first_index + i,
             prompt=_text(item.get("prompt")),
             completion=_text(item.get("completion")),
             reward=_float_or_none(item.get("reward")),
@@ -159,6 +138,42 @@ def checkpoint_record(*, run_id: int, step: int, path: str) -> Checkpoint:
     checkpoint, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=step, defaults={"path": path})
     _event_create(run_id, RunEventKind.INFO, f"checkpoint saved at step {step}: {path}")
     return checkpoint
+
+
+def run_output_ingest(
+    *,
+    run_id: int,
+    metrics: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    completions: Sequence[tuple[int, int, Sequence[Mapping[str, Any]]]] = (),
+    checkpoints: Sequence[tuple[int, str]] = (),
+    cursors: Mapping[str, tuple[int, int | None, int]],
+) -> None:
+    """Store what was read from a run's output files, and how far, in one transaction: either all of
+    it is stored and the offsets move, or nothing is (the same bytes are read again), so a worker
+    killed at any point neither loses nor doubles a line.
+
+    ``metrics``: (step, values); ``completions``: (step, first_index, items), consecutive blocks in
+    file order; ``checkpoints``: (step, folder) not recorded yet; ``cursors``: file name -> (byte
+    offset past the last line read, the completions block's step or None, its rows so far).
+    Messages are published after the commit.
+    """
+    with transaction.atomic():
+        if metrics:
+            metric_steps_ingest(run_id=run_id, steps=metrics)
+        for step, first_index, items in completions:
+            completion_samples_ingest(run_id=run_id, step=step, items=items, first_index=first_index)
+        for step, path in checkpoints:
+            checkpoint_record(run_id=run_id, step=step, path=path)
+        if cursors:  # one upsert statement for every file read
+            RunFileCursor.objects.bulk_create(
+                [
+                    RunFileCursor(run_id=run_id, name=name, offset=offset, step=step, count=count)
+                    for name, (offset, step, count) in cursors.items()
+                ],
+                update_conflicts=True,
+                unique_fields=["run", "name"],
+                update_fields=["offset", "step", "count"],
+            )
 
 
 # ---------------------------------------------------------------------------------- helpers

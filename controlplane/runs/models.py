@@ -233,3 +233,25 @@ class WorkerHost(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.name} ({len(self.gpus)} GPUs)"
+
+
+class RunFileCursor(models.Model):
+    """How far the supervisor has ingested one of a run's output files (``metrics.jsonl``,
+    ``completions.jsonl``), saved in the transaction that stores the lines: a restarted worker
+    resumes at ``offset`` and never stores a line twice or skips one."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="file_cursors")
+    name = models.CharField(max_length=64)  # the file's name in the run's output folder
+    offset = models.PositiveBigIntegerField(default=0)  # bytes: just past the last ingested line
+    # completions only: the step of the block being read and its rows so far, so that a block split
+    # across two reads continues its indices (a new attempt starts a new block)
+    step = models.IntegerField(null=True, blank=True)
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name"], name="run_file_cursor_unique_run_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} of run {self.run_id} at byte {self.offset}"

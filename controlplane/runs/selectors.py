@@ -13,7 +13,7 @@ from django.db.models import Case, F, FloatField, Max, OuterRef, QuerySet, Subqu
 from django.http import Http404
 
 from controlplane.runs.ingest import finite_or_none
-from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent
+from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent, RunFileCursor
 from trainer import registry, run_schema
 from trainer.metrics import REWARD, catalogue_payload
 
@@ -189,6 +189,17 @@ def run_checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:
 
 def run_checkpoint_get(*, run_id: int, step: int) -> Checkpoint | None:
     return Checkpoint.objects.filter(run_id=run_id, step=step).first()
+
+
+def run_checkpoint_steps(*, run_id: int) -> set[int]:
+    """The steps of the run's recorded checkpoints."""
+    return set(Checkpoint.objects.filter(run_id=run_id).values_list("step", flat=True))
+
+
+def run_file_cursors(*, run_id: int) -> dict[str, tuple[int, int | None, int]]:
+    """How far each of the run's output files was ingested: name -> (byte offset, completions
+    block step or None, its rows so far); a file never read is absent."""
+    return {c.name: (c.offset, c.step, c.count) for c in RunFileCursor.objects.filter(run_id=run_id)}
 
 
 REGISTRY_KEYS = {

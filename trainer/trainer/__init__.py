@@ -10,14 +10,15 @@ checkpoints, accelerate/FSDP2); what changes:
 * after every optimizer step (:class:`_PipelineCallback`): step accounting, staleness allowance,
   weight sync every ``weight_sync_steps`` (full weights, a PEFT adapter merged into them, or the
   adapter alone when the server serves LoRA: :mod:`trainer.weight_sync.lora`), epoch/stop bookkeeping;
-* ``log`` merges the metric window (both processes) and writes ``<output_dir>/metrics.jsonl``;
+* ``log`` merges the metric window (both processes) and hands the step's metrics and sampled
+  completions to the trainer's sinks (:mod:`trainer.sinks`; ``metrics.jsonl`` / ``completions.jsonl``
+  by default), as ``_save_checkpoint`` does each checkpoint (the main process only, through ``_emit``);
 * checkpoints also hold ``rollout_state.json`` (first untrained prompt position) for resume.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import os
@@ -78,6 +79,7 @@ from trainer.rollout.multiturn import tool_name
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
 from trainer.rollout_state import read_rollout_counters, read_rollout_state, write_rollout_state
 from trainer.server import pick_served_model, served_models, wait_for_server
+from trainer.sinks import JsonlSink, Sink
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
 from trainer.weight_sync.lora import (
     LORA_DIR_NAME,
@@ -89,9 +91,6 @@ from trainer.weight_sync.lora import (
 )
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-COMPLETIONS_FILE = "completions.jsonl"
 
 
 def _identity_collator(features):
@@ -116,7 +115,11 @@ class AsyncGRPOTrainer(Trainer):
         peft_config=None,
         tools: list[Callable] | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
+        sinks: list[Sink] | None = None,
     ) -> None:
+        """``sinks``: where metrics, completions and checkpoints are reported (default: one
+        :class:`~trainer.sinks.JsonlSink` on ``args.output_dir``, which the control plane reads;
+        a list given here replaces it, so include a ``JsonlSink`` to keep the files)."""
         name = model if isinstance(model, str) else model.config._name_or_path
         if args is None:
             args = AsyncGRPOConfig(output_dir=f"{Path(str(name)).name}-AsyncGRPO")
@@ -158,6 +161,7 @@ class AsyncGRPOTrainer(Trainer):
         self.loss_config = LossConfig.from_args(args)
         self._window = MetricWindow()
         self._pending_completions: list[dict] = []
+        self.sinks: list[Sink] = list(sinks) if sinks is not None else [JsonlSink(args.output_dir)]
         self._handle: RolloutWorkerHandle | None = None
         self._sync_client: WeightSyncClient | None = None
         self._lora: LoraPublisher | None = None  # main process, adapter-only sync
@@ -213,6 +217,7 @@ class AsyncGRPOTrainer(Trainer):
             )
         finally:
             self._shutdown_pipeline()
+            self._emit("close")
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         """transformers' accelerator arguments without its whole-model ``torch.compile``.
@@ -388,7 +393,7 @@ class AsyncGRPOTrainer(Trainer):
             step,
             logs.get(FRAC_REWARD_ZERO_STD, "n/a"),
         )
-        self._append_metrics_line(step, logs)
+        self._emit("metrics", step, logs)
         in_progress = copy.copy(self.state)
         in_progress.global_step = step
         self.control = self.callback_handler.on_log(self.args, in_progress, self.control, logs)
@@ -547,30 +552,30 @@ class AsyncGRPOTrainer(Trainer):
                 tool_names=[tool_name(t) for t in self.tools],
             )
             self._window.clear()
-        if self.is_world_process_zero():
-            self._append_metrics_line(self.state.global_step, logs)
-            self._log_completions()
+        self._emit("metrics", self.state.global_step, logs)
+        self._log_completions()
         super().log(logs, start_time)
 
-    def _append_metrics_line(self, step: int, logs: dict[str, float]) -> None:
-        """One ``metrics.jsonl`` line (the last line of a step wins when the file is read back)."""
-        out = Path(self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / METRICS_FILE, "a") as fh:
-            fh.write(json.dumps({"step": step, **_jsonable(logs)}) + "\n")
+    def _emit(self, kind: str, *record: Any) -> None:
+        """The one place records reach the sinks: ``metrics(step, values)``, ``completions(step,
+        rows)``, ``checkpoint(step, path)`` or ``close()``, on the main process only. A sink that
+        raises is logged, not fatal: training must not stop for a reporting failure."""
+        if not self.is_world_process_zero():
+            return
+        for sink in self.sinks:
+            try:
+                getattr(sink, kind)(*record)
+            except Exception:
+                logger.exception("sink %s: %s of %s failed", type(sink).__name__, kind, record[:1])
 
     def _log_completions(self) -> None:
+        if not self.is_world_process_zero():
+            return
         items, self._pending_completions = self._pending_completions, []
         if not items:
             return
         step = self.state.global_step
-        with open(Path(self.args.output_dir) / COMPLETIONS_FILE, "a") as fh:
-            for item in items:
-                fh.write(json.dumps({"step": step, **_jsonable(item)}) + "\n")
-        for callback in self.callback_handler.callbacks:
-            handler = getattr(callback, "on_completions", None)
-            if handler is not None:
-                handler(self.args, self.state, self.control, completions=items)
+        self._emit("completions", step, items)
         limit = self.args.num_completions_to_print
         for item in items[: len(items) if limit is None else limit]:
             print(
@@ -587,6 +592,7 @@ class AsyncGRPOTrainer(Trainer):
             )
             counters = {"num_tokens": self._num_tokens, "consumed_prompts": self._feed.positions.consumed}
             write_rollout_state(folder, self._feed.positions.next_untrained, self.rollout_dataset, counters)
+            self._emit("checkpoint", self.state.global_step, str(folder))
 
 
 class _PipelineCallback(TrainerCallback):
@@ -666,14 +672,3 @@ def _now(device) -> float:
     if getattr(device, "type", str(device)) == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
-
-
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, torch.Tensor):
-            value = value.item()
-        if isinstance(value, float) and value != value:
-            value = None  # NaN is not JSON
-        out[key] = value
-    return out

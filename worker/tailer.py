@@ -1,0 +1,250 @@
+"""The control plane's reader of a run's output folder: the trainer's sink files and checkpoints.
+
+The trainer writes ``metrics.jsonl`` and ``completions.jsonl`` (``trainer.sinks.JsonlSink``) and
+``checkpoint-<step>/`` folders; it has no database access. The supervisor polls a
+:class:`RunOutputTailer` while the run is live (every ``INGEST_POLL_S``): each poll reads the whole
+lines added since the saved byte offsets (a partial last line waits for the next poll), stores them
+with the existing upserts and records checkpoints whose ``rollout_state.json`` exists, all in one
+transaction with the new offsets (:func:`controlplane.runs.ingest.run_output_ingest`). A worker
+killed at any point leaves the offsets at the last commit: the next worker reads on from there, and
+the upserts on (run, name, step) / (run, step, index) make a re-read harmless.
+
+Completion rows get their index from their position in the step's block: consecutive lines of one
+step continue the block across polls; a new attempt (:meth:`RunOutputTailer.new_attempt`) starts a
+new block, so a re-done step replaces its rows as it did when the trainer reported them itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import DataError, IntegrityError
+
+from controlplane.runs import ingest, selectors
+from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
+
+logger = logging.getLogger(__name__)
+
+INGEST_POLL_S = 0.1  # while the run is live: p95 step-to-browser delivery stays well under 500 ms
+CHECKPOINT_SCAN_S = 1.0
+MAX_READ_BYTES = 8 << 20  # per file and poll; a long backlog (after a restart) takes a few polls
+
+
+@dataclass
+class _Cursor:
+    """One file's read position: bytes consumed, and (completions) the block's step and rows."""
+
+    offset: int = 0
+    step: int | None = None
+    count: int = 0
+
+    def saved(self) -> tuple[int, int | None, int]:
+        return (self.offset, self.step, self.count)
+
+
+@dataclass
+class _Record:
+    """One parsed line: its file, the cursor just past it, and what it stores."""
+
+    name: str
+    cursor: _Cursor
+    step: int
+    payload: dict[str, Any]
+    index: int = 0  # completions: the row's index within its step
+
+
+@dataclass
+class _Read:
+    records: list[_Record] = field(default_factory=list)
+    cursors: dict[str, _Cursor] = field(default_factory=dict)  # every file read, at its new position
+    checkpoints: list[tuple[int, str]] = field(default_factory=list)
+    lines: int = 0  # whole lines consumed, unreadable ones included
+
+
+class RunOutputTailer:
+    """Ingests one run's output folder incrementally (see the module docstring). Not thread-safe.
+
+    :meth:`poll` raises what the database raises when it cannot be reached (the supervisor's
+    ``_through_db_blips`` defers to the next poll; nothing moved). A line the database refuses as
+    data (a constraint, an out-of-range value) is logged and skipped, so it cannot block the run.
+    """
+
+    def __init__(self, *, run_id: int, output_dir: Path) -> None:
+        self.run_id = run_id
+        self.output_dir = Path(output_dir)
+        self._cursors: dict[str, _Cursor] | None = None  # loaded from the database on first use
+        self._checkpoints: set[int] | None = None
+        self._next_scan = 0.0
+
+    def poll(self, *, now: float | None = None) -> int:
+        """Store what was added since the last poll (``now``: ``time.monotonic()``, to scan for
+        checkpoints at most every ``CHECKPOINT_SCAN_S``; None scans); returns how many lines and
+        checkpoints it consumed."""
+        self._load()
+        read = self._read(scan=now is None or now >= self._next_scan)
+        if now is not None and now >= self._next_scan:
+            self._next_scan = now + CHECKPOINT_SCAN_S
+        if not read.records and not read.checkpoints and not read.cursors:
+            return 0
+        try:
+            self._store(read.records, read.checkpoints, read.cursors)
+        except (IntegrityError, DataError):
+            logger.warning("run %s: a batch was refused; storing its lines one by one", self.run_id)
+            self._store_one_by_one(read)
+        else:
+            self._cursors.update(read.cursors)
+            self._checkpoints.update(step for step, _ in read.checkpoints)
+        return read.lines + len(read.checkpoints)
+
+    def drain(self) -> int:
+        """Poll until nothing is left (the end of an attempt, or catching up before one)."""
+        total = 0
+        while stored := self.poll():
+            total += stored
+        return total
+
+    def new_attempt(self) -> None:
+        """The next completion rows start a new block (a trainer attempt is about to start)."""
+        self._load()
+        cursor = self._cursors.setdefault(COMPLETIONS_FILE, _Cursor())
+        if cursor.step is not None:
+            ingest.run_output_ingest(run_id=self.run_id, cursors={COMPLETIONS_FILE: (cursor.offset, None, 0)})
+            cursor.step, cursor.count = None, 0
+
+    # ------------------------------------------------------------------------------------ reading
+    def _load(self) -> None:
+        if self._cursors is None:
+            saved = selectors.run_file_cursors(run_id=self.run_id)
+            self._cursors = {name: _Cursor(*saved[name]) for name in saved}
+        if self._checkpoints is None:
+            self._checkpoints = selectors.run_checkpoint_steps(run_id=self.run_id)
+
+    def _read(self, *, scan: bool) -> _Read:
+        read = _Read()
+        # Checkpoints first: a folder complete now had its step's lines written before it.
+        if scan:
+            read.checkpoints = self._new_checkpoints()
+        for name in (METRICS_FILE, COMPLETIONS_FILE):
+            cursor = self._cursors.get(name, _Cursor())
+            data = self._new_bytes(name, cursor)
+            if data is None:
+                continue
+            position = _Cursor(cursor.offset, cursor.step, cursor.count)
+            if data == b"":  # the file was replaced by a shorter one: read it again from the start
+                position = _Cursor()
+                data = self._new_bytes(name, position) or b""
+            for line in data.splitlines(keepends=True):
+                position = _Cursor(position.offset + len(line), position.step, position.count)
+                read.lines += 1
+                parsed = _parse(line)
+                if parsed is None:
+                    continue  # a line cut by a killed writer, or not ours
+                step, payload = parsed
+                index = 0
+                if name == COMPLETIONS_FILE:
+                    index = position.count if step == position.step else 0
+                    position.step, position.count = step, index + 1
+                read.records.append(_Record(name, position, step, payload, index))
+            read.cursors[name] = position
+        return read
+
+    def _new_bytes(self, name: str, cursor: _Cursor) -> bytes | None:
+        """The whole lines past ``cursor`` (None: nothing new; b"": the file shrank under it)."""
+        path = self.output_dir / name
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+        if size < cursor.offset:
+            logger.warning("run %s: %s is shorter than what was read; reading it again", self.run_id, name)
+            return b""
+        if size == cursor.offset:
+            return None
+        with open(path, "rb") as fh:
+            fh.seek(cursor.offset)
+            data = fh.read(min(size - cursor.offset, MAX_READ_BYTES))
+        end = data.rfind(b"\n")
+        return data[: end + 1] if end >= 0 else None
+
+    def _new_checkpoints(self) -> list[tuple[int, str]]:
+        found = []
+        for folder in self.output_dir.glob("checkpoint-*"):
+            suffix = folder.name.rsplit("-", 1)[1]
+            if not suffix.isdigit() or int(suffix) in self._checkpoints:
+                continue
+            if (folder / "rollout_state.json").exists():  # written last: the save is complete
+                found.append((int(suffix), str(folder)))
+        return sorted(found)
+
+    # ------------------------------------------------------------------------------------ storing
+    def _store(
+        self, records: list[_Record], checkpoints: list[tuple[int, str]], cursors: dict[str, _Cursor]
+    ) -> None:
+        metrics = [(r.step, _metric_values(r.payload)) for r in records if r.name == METRICS_FILE]
+        blocks: list[tuple[int, int, list[dict[str, Any]]]] = []
+        for r in records:
+            if r.name != COMPLETIONS_FILE:
+                continue
+            if blocks and blocks[-1][0] == r.step and blocks[-1][1] + len(blocks[-1][2]) == r.index:
+                blocks[-1][2].append(r.payload)
+            else:
+                blocks.append((r.step, r.index, [r.payload]))
+        ingest.run_output_ingest(
+            run_id=self.run_id,
+            metrics=metrics,
+            completions=blocks,
+            checkpoints=checkpoints,
+            cursors={name: c.saved() for name, c in cursors.items()},
+        )
+
+    def _store_one_by_one(self, read: _Read) -> None:
+        """After a refused batch: each line (and checkpoint) in its own transaction with its offset;
+        a refused one is logged and skipped. Connection errors still propagate (nothing is lost:
+        the next poll reads again from the last saved offsets, and re-storing is harmless)."""
+        for step, path in read.checkpoints:
+            with _refused_skipped(self.run_id, f"checkpoint {step}"):
+                self._store([], [(step, path)], {})
+            self._checkpoints.add(step)
+        for record in read.records:
+            with _refused_skipped(self.run_id, f"{record.name} line of step {record.step}"):
+                self._store([record], [], {record.name: record.cursor})
+        self._store([], [], read.cursors)  # past the refused lines too
+        self._cursors.update(read.cursors)
+
+
+class _refused_skipped:
+    """Context: a data error (not a connection error) is logged and swallowed."""
+
+    def __init__(self, run_id: int, what: str) -> None:
+        self.run_id, self.what = run_id, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None and issubclass(kind, IntegrityError | DataError):
+            logger.error("run %s: the database refused the %s; skipped: %s", self.run_id, self.what, exc)
+            return True
+        return False
+
+
+def _parse(line: bytes) -> tuple[int, dict[str, Any]] | None:
+    """A sink line as (step, the rest of the object); None for a cut or foreign line."""
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            return None
+        return int(row.pop("step")), row
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _metric_values(payload: dict[str, Any]) -> dict[str, Any]:
+    """A metrics line's values as the trainer logged them: the sink writes NaN as ``null``."""
+    return {name: math.nan if value is None else value for name, value in payload.items()}
