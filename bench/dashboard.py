@@ -168,7 +168,7 @@ async def _bench_latency(
 ) -> dict:
     from asgiref.sync import sync_to_async
 
-    from controlplane.runs import ingest
+    from controlplane.runs.services import ingest
 
     url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
     latencies: list[float] = []

@@ -52,7 +52,7 @@ def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) ->
     """Each writer upserts batches of ``steps_per_batch`` steps x 50 metrics into its own run."""
     from django.db import connection
 
-    from controlplane.runs import ingest
+    from controlplane.runs.services import ingest
 
     names = [f"ns{i % 6}/metric_{i}" for i in range(METRICS_PER_STEP)]
     runs = [_run(user, f"ingest {i}") for i in range(writers)]
@@ -95,7 +95,8 @@ def bench_ingest(user, *, seconds: float, writers: int, steps_per_batch: int) ->
 
 
 def bench_query(user, base: str, token: str, *, points: int) -> dict:
-    from controlplane.runs import ingest, selectors
+    from controlplane.runs import selectors
+    from controlplane.runs.services import ingest
 
     steps = points // METRICS_PER_STEP
     run = _run(user, f"query {points}")
@@ -250,7 +251,7 @@ def main() -> None:
     try:
         if "connections" in wanted:
             small = _run(user, "connections")
-            from controlplane.runs import ingest as run_ingest
+            from controlplane.runs.services import ingest as run_ingest
 
             run_ingest.metric_steps_ingest(
                 run_id=small.pk, steps=[(s, {"reward": s / 100}) for s in range(1, 201)]

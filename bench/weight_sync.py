@@ -4,14 +4,14 @@ What runs, per model shape (random-init Qwen3 in bf16 from :data:`bench.packing.
 
 * the **sender** (this process, the trainer side, ``cuda:0``) uses the trainer's own code: the weights are
   gathered by :func:`trainer.modeling.named_weights_for_sync` and ``WeightSyncClient._prepare_tensors``,
-  described by :class:`~trainer.weight_sync.packing.TensorMeta` / ``update_info``, cut and packed lazily
-  by :func:`~trainer.weight_sync.packing.iter_bucket_tensors` and broadcast by the trainer's
+  described by :class:`~trainer.weight_sync.wire_format.TensorMeta` / ``update_info``, cut and packed lazily
+  by :func:`~trainer.weight_sync.wire_format.iter_bucket_tensors` and broadcast by the trainer's
   :class:`~trainer.weight_sync.nccl.NcclSender` (``ncclBroadcast`` of ``uint8`` buckets, at most
   ``PACKED_NUM_BUFFERS`` in flight);
 * the **receiver** (a spawned process, ``cuda:1``) plays vLLM's dense ``nccl`` engine: it joins the
   communicator as rank 1 with the unique id from the sender's ``init_info``, runs the one-element float32
   ``all_reduce`` handshake, then for every round takes the ``update_info``, cuts the byte stream with the
-  same :func:`~trainer.weight_sync.packing.plan_buckets` rule, receives each bucket into a fresh buffer on
+  same :func:`~trainer.weight_sync.wire_format.plan_buckets` rule, receives each bucket into a fresh buffer on
   one of ``packed_num_buffers`` streams (double buffering: a slot's stream is waited for before it is
   reused), unpacks it and copies every tensor into its own model by HF name (``param.data.copy_``, as a
   ``load_weights`` would; tied ``lm_head``/``embed_tokens`` share one parameter, so loading the embedding
@@ -79,7 +79,7 @@ from trainer.weight_sync import gloo
 from trainer.weight_sync.client import WeightSyncClient
 from trainer.weight_sync.deadline import call_with_deadline
 from trainer.weight_sync.nccl import PACKED_NUM_BUFFERS, NcclLibrary, NcclSender
-from trainer.weight_sync.packing import (
+from trainer.weight_sync.wire_format import (
     TensorMeta,
     iter_bucket_tensors,
     metas_from_update_info,

@@ -31,10 +31,11 @@ from rest_framework.exceptions import ParseError
 from rest_framework.test import APIClient
 
 from controlplane.asgi import application
-from controlplane.runs import ingest, services
+from controlplane.runs import services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_TOO_BIG, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunEvent
 from controlplane.runs.serializers import SafeJSONParser
+from controlplane.runs.services import ingest
 from controlplane.runs.validation import run_document_validate
 from trainer.config import AsyncGRPOConfig
 from trainer.run_config import TOP_LEVEL_KEYS, RunConfigError, validate_run_document

@@ -11,8 +11,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.runs import ingest, services
+from controlplane.runs import services
 from controlplane.runs.models import Run
+from controlplane.runs.services import ingest
 
 pytestmark = pytest.mark.django_db
 

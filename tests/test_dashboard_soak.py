@@ -19,8 +19,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from controlplane.runs import ingest, services
+from controlplane.runs import services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
+from controlplane.runs.services import ingest
 from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,9 +20,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from controlplane.asgi import application
-from controlplane.runs import ingest, services
+from controlplane.runs import services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import Run, RunEventKind, RunStatus
+from controlplane.runs.services import ingest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -219,7 +220,7 @@ def test_output_tailer_batches_a_fast_run_into_few_messages(tmp_path):
 
         layer = get_channel_layer()
         spy = await layer.new_channel()
-        await layer.group_add(f"run-{run.pk}", spy)
+        await layer.group_add(services.run_group(run.pk), spy)
         comm, _ = await open_socket(f"/ws/runs/{run.pk}/?token={token}")
 
         def write():  # the trainer's side: a real file, appended as it logs

@@ -13,7 +13,8 @@ import os
 import pytest
 
 from bench.load import bench_connections, connections_held
-from controlplane.runs import ingest, services
+from controlplane.runs import services
+from controlplane.runs.services import ingest
 from tests.conftest import daphne_on_test_db
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -94,7 +94,7 @@ def test_openapi_schema_is_served(client):
 
 @pytest.mark.django_db(transaction=True)
 def test_celery_worker_runs_a_task_through_redis(celery_worker_process):
-    from worker.tasks import ping
+    from worker.celery_tasks import ping
 
     result = ping.apply_async(args=["hello"], queue=celery_worker_process["queue"])
     answer = result.get(timeout=60)

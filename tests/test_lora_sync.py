@@ -207,7 +207,7 @@ def test_request_for_an_adapter_unloaded_mid_flight_retries_on_the_current_one(
     lora_server, tiny_model_dir, tmp_path
 ):
     from trainer.modeling import adapter_state_for_sync
-    from trainer.rollout.client import SamplingSettings, VLLMClient
+    from trainer.rollout.vllm_client import SamplingSettings, VLLMClient
 
     publisher = LoraPublisher(
         lora_server.base_url,

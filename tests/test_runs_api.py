@@ -19,8 +19,9 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.runs import ingest, selectors, services
+from controlplane.runs import selectors, services
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunStatus
+from controlplane.runs.services import ingest
 
 pytestmark = pytest.mark.django_db
 

@@ -10,31 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from tests.conftest import REPO
-from worker.processes import ManagedProcess
+from worker.processes import ManagedProcess, group_members
 
 CHILD_WITH_GRANDCHILD = (
     "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
     "time.sleep(300)"
 )
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:

@@ -33,8 +33,7 @@ from rest_framework.test import APIClient
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunStatus
 from tests.conftest import REPO
-from tests.test_runs_guard import group_members
-from worker.processes import wait_for
+from worker.processes import group_members, wait_for
 
 # The session's Celery worker copies this process's environment when it starts (after collection):
 # runs get vLLM ports from this helper's range and output directories under a scratch folder.
@@ -147,7 +146,7 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     run_id = int(match.group(1))
     # A named (not process-local "!") channel: receivable from any event loop async_to_sync makes.
     channel = f"test-run-{run_id}-{uuid.uuid4().hex}"
-    async_to_sync(get_channel_layer().group_add)(f"run-{run_id}", channel)
+    async_to_sync(get_channel_layer().group_add)(services.run_group(run_id), channel)
 
     # 2. Stop it mid-run (after its first checkpoint).
     wait_for(

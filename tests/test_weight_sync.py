@@ -25,7 +25,7 @@ import torch
 
 from trainer.weight_sync import WeightSyncClient, WeightSyncError, check_dtype, server_info
 from trainer.weight_sync.nccl import NcclSender, worker_init_payload
-from trainer.weight_sync.packing import TensorMeta, pack, plan_buckets, unpack, update_info
+from trainer.weight_sync.wire_format import TensorMeta, pack, plan_buckets, unpack, update_info
 
 PORT = 8301  # vLLM server
 GLOO_PORT = 8302  # trainer-side rendezvous store

@@ -1,20 +1,16 @@
-"""The Celery application (broker: Redis; settings: Django's ``CELERY_*``).
+"""The worker's side of the Celery application (:mod:`controlplane.celery`): its tasks
+(:mod:`worker.celery_tasks`) and its start-up and shutdown signals.
 
 Start a worker with ``celery -A worker worker -Q default,gpu``; ``manage.py runstack`` does it for you.
 """
 
 from __future__ import annotations
 
-import os
-
-from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+from controlplane.celery import app
 
-app = Celery("worker")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["worker"])
+app.autodiscover_tasks(["worker"], related_name="celery_tasks")
 
 
 @worker_init.connect

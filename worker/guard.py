@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from worker.processes import process_alive
+
 POLL_S = 0.5
 
 
@@ -40,15 +42,6 @@ def _take_down_group(child: subprocess.Popen, grace_s: float) -> None:
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (a SIGKILLed process is one until it is reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def main(argv: list[str]) -> int:
@@ -72,7 +65,7 @@ def main(argv: list[str]) -> int:
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
             return exit_status(child.wait(timeout=POLL_S))
-        if not _alive(parent):
+        if not process_alive(parent):
             print(f"worker.guard: supervisor {parent} is gone; stopping process group", file=sys.stderr)
             _take_down_group(child, grace_s)
             return exit_status(child.wait())

@@ -5,7 +5,13 @@ Also the small pieces every launcher of such processes needs: a free local port,
 probe, waiting for a started server to become healthy, and :class:`VLLMServer` (a ``python -m
 trainer serve`` process and its base URL).
 
-Used by the run supervisor, ``manage.py runstack``, the tests' fixtures and the benchmarks.
+And the Linux ``/proc`` readers about processes the launchers ask for (:func:`process_alive`,
+:func:`group_members`, :func:`descendants`, :func:`caught_signals`, :func:`process_name`): one
+place parses ``/proc/<pid>/stat`` and ``status``.
+
+Used by the run supervisor, ``worker.guard``, ``manage.py runstack``, the tests' fixtures and the
+benchmarks. Stdlib only: ``worker.guard`` (the parent of every run process) imports it and must load
+neither Django nor Celery.
 """
 
 from __future__ import annotations
@@ -191,3 +197,66 @@ class VLLMServer:
 
     def stop(self) -> None:
         self.process.stop(grace_s=20)
+
+
+# ---------------------------------------------------------------------------------------- /proc
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, pgrp, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a SIGKILLed process is one until it is reaped)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(entry)
+            if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren, ... (zombies included)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(entry)
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def caught_signals(pid: int) -> int | None:
+    """The ``SigCgt`` mask of ``pid`` (bit ``n - 1`` set = signal ``n`` has a handler), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def process_name(pid: int) -> str:
+    """``/proc/<pid>/comm`` (the executable's short name), or "" when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -52,10 +52,11 @@ import yaml
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from controlplane.runs import ingest, selectors, services
+from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
+from controlplane.runs.services import ingest
 from worker.launch import devices_env, trainer_command, vllm_placement_flags
-from worker.processes import ManagedProcess, http_ok
+from worker.processes import ManagedProcess, group_members, http_ok
 from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
 logger = logging.getLogger(__name__)
@@ -494,7 +495,7 @@ class RunSupervisor:
                     run_id=self.run_id,
                     kind=RunEventKind.ERROR,
                     message=f"{process.name}: processes of group {process.pid} still alive after SIGKILL: "
-                    f"{_group_members(process.pid)}",
+                    f"{group_members(process.pid)}",
                 )
         return codes[0], codes[1]
 
@@ -567,25 +568,10 @@ def _latest_checkpoint(output_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid`` (Linux ``/proc``)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
 def _wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
     """Wait until process group ``pgid`` is empty, SIGKILLing stragglers; False if it never empties."""
     deadline = time.monotonic() + timeout_s
-    while _group_members(pgid):
+    while group_members(pgid):
         if time.monotonic() > deadline:
             return False
         with contextlib.suppress(ProcessLookupError, PermissionError):

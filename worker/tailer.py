@@ -5,7 +5,7 @@ The trainer writes ``metrics.jsonl`` and ``completions.jsonl`` (``trainer.sinks.
 :class:`RunOutputTailer` while the run is live (every ``INGEST_POLL_S``): each poll reads the whole
 lines added since the saved byte offsets (a partial last line waits for the next poll), stores them
 with the existing upserts and records checkpoints whose ``rollout_state.json`` exists, all in one
-transaction with the new offsets (:func:`controlplane.runs.ingest.run_output_ingest`). A worker
+transaction with the new offsets (:func:`controlplane.runs.services.ingest.run_output_ingest`). A worker
 killed at any point leaves the offsets at the last commit: the next worker reads on from there, and
 the upserts on (run, name, step) / (run, step, index) make a re-read harmless.
 
@@ -26,7 +26,8 @@ from typing import Any
 
 from django.db import DataError, IntegrityError
 
-from controlplane.runs import ingest, selectors
+from controlplane.runs import selectors
+from controlplane.runs.services import ingest
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
 
 logger = logging.getLogger(__name__)

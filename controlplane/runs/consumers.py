@@ -10,7 +10,7 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
 Producers batch: the supervisor's tailer (``worker/tailer.py``) reads the trainer's files every
-~100 ms, and :func:`controlplane.runs.ingest.metric_steps_ingest` publishes one channel-layer message per read
+~100 ms, and :func:`controlplane.runs.services.ingest.metric_steps_ingest` publishes one channel-layer message per read
 carrying every metric of every step in it (never one per metric); this consumer forwards each step
 as its own ``metrics`` message, in step order.
 
@@ -27,14 +27,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane.runs.services.stream import run_group
+
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_BIG = 1009  # RFC 6455: a message too big to process
-
-
-def group_name(run_id: int) -> str:
-    """The channel-layer group a run's producers publish to."""
-    return f"run-{run_id}"
 
 
 @database_sync_to_async
@@ -58,7 +55,7 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
             return
         run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         # Join before reading the status: a change between the two then arrives twice, never zero times.
-        self.group = group_name(run_id)
+        self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         snapshot = await _status_snapshot(user, run_id)
         if snapshot is None:

@@ -12,8 +12,8 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Case, F, FloatField, Max, OuterRef, QuerySet, Subquery, Value, When
 from django.http import Http404
 
-from controlplane.runs.ingest import finite_or_none
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent, RunFileCursor
+from controlplane.runs.services.ingest import finite_or_none
 from trainer import registry, run_schema
 from trainer.metrics import REWARD, catalogue_payload
 

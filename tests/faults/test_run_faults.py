@@ -33,8 +33,7 @@ from django.db import connection
 
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, MetricPoint, Run, RunStatus
-from tests.test_runs_guard import group_members
-from worker.processes import wait_for
+from worker.processes import group_members, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
 

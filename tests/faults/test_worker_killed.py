@@ -28,9 +28,8 @@ from django.contrib.auth import get_user_model
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunFileCursor, RunStatus
 from tests.conftest import start_celery_worker
-from tests.test_runs_guard import group_members
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
-from worker.processes import wait_for
+from worker.processes import descendants, group_members, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
 
@@ -51,25 +50,6 @@ RUN_DOC = {
         "disable_tqdm": True,
     },
 }
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid``'s children, grandchildren, ... (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def environment_names(pid: int) -> set[str]:

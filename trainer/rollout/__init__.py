@@ -25,7 +25,7 @@ _EXPORTS = {
     "start_rollout_process": "trainer.rollout.process",
     "check_rollout_picklable": "trainer.rollout.process",
     "check_picklable": "trainer.rollout.scoring",
-    "VLLMClient": "trainer.rollout.client",
+    "VLLMClient": "trainer.rollout.vllm_client",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the client pulls aiohttp; this module stays importable from the stdlib alone
-    from trainer.rollout.client import ServerLoad
+    from trainer.rollout.vllm_client import ServerLoad
 
 __all__ = ["CapDecision", "ConcurrencyController", "RolloutAdmission", "StalenessGate", "StalenessPolicy"]
 

@@ -55,7 +55,6 @@ from trainer.metrics import (
     MetricWindow,
 )
 from trainer.rollout.channels import RolloutChannels
-from trainer.rollout.client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
 from trainer.rollout.flow import (
     POLL_INTERVAL_S,
     ConcurrencyController,
@@ -76,6 +75,7 @@ from trainer.rollout.scoring import (
     standardize,
 )
 from trainer.rollout.types import GroupResult, Rollout, RolloutGroup, TrainingSequence, TurnRecord
+from trainer.rollout.vllm_client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
 
 __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 

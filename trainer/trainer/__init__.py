@@ -78,7 +78,7 @@ from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.multiturn import tool_name
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
 from trainer.rollout_state import read_rollout_counters, read_rollout_state, write_rollout_state
-from trainer.server import pick_served_model, served_models, wait_for_server
+from trainer.server_checks import pick_served_model, served_models, wait_for_server
 from trainer.sinks import JsonlSink, Sink
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
 from trainer.weight_sync.lora import (

@@ -36,7 +36,7 @@ from trainer.metrics import (
     PERF_WEIGHT_SYNC_TRANSFER_S,
 )
 from trainer.weight_sync import gloo
-from trainer.weight_sync.packing import TensorMeta, iter_bucket_tensors, update_info
+from trainer.weight_sync.wire_format import TensorMeta, iter_bucket_tensors, update_info
 
 BACKENDS = ("gloo", "nccl")
 # Spellings of the same dtype across torch, vLLM's --dtype and the trainer config.

@@ -31,7 +31,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from trainer.weight_sync import gloo
-from trainer.weight_sync.packing import metas_from_update_info, plan_buckets, unpack
+from trainer.weight_sync.wire_format import metas_from_update_info, plan_buckets, unpack
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,7 @@ The trainer machine need not have vLLM installed, so this talks to NCCL directly
 - right after init each rank issues a one-element float32 SUM ``all_reduce`` (vLLM's warm-up handshake);
   a peer that skips it deadlocks everyone;
 - each round the weights are broadcast from rank 0 as packed ``uint8`` buckets cut by
-  :func:`trainer.weight_sync.packing.plan_buckets` while ``/update_weights`` runs on the server.
+  :func:`trainer.weight_sync.wire_format.plan_buckets` while ``/update_weights`` runs on the server.
 
 Every wait polls a CUDA event against a deadline; on timeout the communicator is aborted so neither the
 trainer nor its GPU stream stays wedged, and ``TimeoutError`` is raised.

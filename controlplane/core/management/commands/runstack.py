@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from worker.processes import ManagedProcess, http_ok
+from worker.processes import ManagedProcess, caught_signals, http_ok, process_name
 
 # Everything started is gone within this many seconds of a stop (SIGTERM to every process group at
 # once, SIGKILL to what is left at the deadline). The run supervisor inside the worker ends its vLLM
@@ -41,32 +41,13 @@ POLL_S = 0.25
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _caught_signals(pid: int) -> int | None:
-    """The ``SigCgt`` mask of ``pid`` (bit ``n - 1`` set = signal ``n`` has a handler), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("SigCgt:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 class ParentWatch:
     """Tells when the parent process wants us gone without signalling us (see the module docstring)."""
 
     def __init__(self) -> None:
         self.parent = os.getppid()
-        self.is_make = _process_name(self.parent) in ("make", "gmake")
-        self.baseline = _caught_signals(self.parent) if self.is_make else None
+        self.is_make = process_name(self.parent) in ("make", "gmake")
+        self.baseline = caught_signals(self.parent) if self.is_make else None
 
     def reason(self) -> str | None:
         """Why to stop now, or None."""
@@ -74,7 +55,7 @@ class ParentWatch:
             return f"parent process {self.parent} exited"
         if self.baseline is None:
             return None
-        mask = _caught_signals(self.parent)
+        mask = caught_signals(self.parent)
         if mask is None:
             return None
         for sig in _STOP_SIGNALS:

@@ -1,29 +1,25 @@
-"""Everything that writes runs: their life cycle and placement (HackSoft style: keyword-only, typed).
+"""A run's life cycle: created and validated once, launched (enqueued by task name), stopped,
+resumed; what its supervisor records (processes, placement, sources, running, heartbeat, finish);
+failed when its heartbeat goes stale; its events.
 
-Status changes are conditional ``UPDATE ... WHERE status IN (...)`` statements, so the API, the
-supervisor and the staleness check can race without corrupting the life cycle (see models.py);
-each successful change records a :class:`RunEvent` and is published to the run's channel-layer
-group ``run-<id>`` after the transaction commits.
-
-What a run produces (metrics, completions, checkpoints) is written by :mod:`controlplane.runs.ingest`.
+Status changes are conditional ``UPDATE ... WHERE status IN (...)`` statements
+(:func:`run_status_transition`), so the API, the supervisor and the staleness check can race without
+corrupting the life cycle (see models.py); each successful change records a :class:`RunEvent` and is
+published to the run's stream (:mod:`.stream`) after the transaction commits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -39,15 +35,19 @@ from controlplane.runs.models import (
     RunEventKind,
     RunStatus,
 )
-from controlplane.runs.placement import Unplaceable, Waiting, placement_plan
+from controlplane.runs.services.stream import (
+    MAX_PUBLISHED_TEXT_CHARS,
+    run_message_publish_on_commit,
+    run_status_publish,
+)
 from controlplane.runs.validation import run_document_validate
-from trainer.resources import parse_resources
 
 logger = logging.getLogger(__name__)
 
 SUPERVISE_TASK = "worker.run_supervise"
+
+
 MAX_EVENT_CHARS = 20_000
-MAX_PUBLISHED_TEXT_CHARS = 8_000
 
 
 class RunStateError(Exception):
@@ -62,7 +62,6 @@ class QueuedRunsLimit(RunStateError):
     """The owner already has ``GRPO_MAX_QUEUED_RUNS_PER_USER`` runs waiting (the API answers 429)."""
 
 
-# ------------------------------------------------------------------------------------ creation
 def run_create(
     *, owner: Any, config: dict, name: str = "", idempotency_key: str = "", launch: bool = True
 ) -> tuple[Run, bool]:
@@ -144,13 +143,13 @@ def run_queue(*, run: Run) -> str:
 
 
 def _enqueue(*, run_id: int, task_id: str, queue: str) -> None:
-    from worker.celery import app
+    from controlplane.celery import app
 
     try:
         app.send_task(SUPERVISE_TASK, args=[run_id], task_id=task_id, queue=queue)
     except Exception as exc:  # the broker is down: say so on the run instead of leaving it queued
         logger.exception("could not enqueue run %s", run_id)
-        _transition(
+        run_status_transition(
             run_id=run_id,
             allowed_from=(RunStatus.QUEUED,),
             to=RunStatus.FAILED,
@@ -161,35 +160,6 @@ def _enqueue(*, run_id: int, task_id: str, queue: str) -> None:
         _event(run_id, RunEventKind.INFO, f"enqueued on {queue!r} (task {task_id})")
 
 
-def demo_run_start() -> Run:
-    """The demo run ``make run`` starts: the tiny model on arithmetic, ~200 steps, owner ``demo``.
-
-    Reuses the demo user's run that is still queued or live, so restarting the stack does not pile
-    up demo runs.
-    """
-    user, created = get_user_model().objects.get_or_create(username="demo")
-    if created:
-        user.set_password(settings.GRPO_DEMO_PASSWORD)
-        user.save(update_fields=["password"])
-    live = Run.objects.filter(owner=user, status__in=(RunStatus.QUEUED, *ACTIVE_STATUSES)).first()
-    if live is not None:
-        return live
-    run, _ = run_create(owner=user, name="demo: tiny model on arithmetic", config=demo_config())
-    return run
-
-
-def demo_config() -> dict:
-    """The demo RUN.yaml document (registry names only, so it passes the web's validation).
-
-    Defined with its task (:func:`trainer.tasks.demo.demo_run_document`), where
-    ``bench/demo_learning.py`` measures the reward curve it gives.
-    """
-    from trainer.tasks.demo import demo_run_document
-
-    return demo_run_document()
-
-
-# ------------------------------------------------------------------------------ user actions
 def run_stop(*, run: Run) -> Run:
     """Ask a run to stop. Cooperative: the supervisor sees ``stopping``, ends both processes
     (SIGTERM, then SIGKILL after ``GRPO_STOP_GRACE_S``) and records ``stopped``.
@@ -200,21 +170,21 @@ def run_stop(*, run: Run) -> Run:
     if run.status in TERMINAL_STATUSES:
         raise RunStateError(f"run {run.pk} is already {run.status}")
     if run.status == RunStatus.QUEUED:
-        _transition(
+        run_status_transition(
             run_id=run.pk,
             allowed_from=(RunStatus.QUEUED,),
             to=RunStatus.STOPPED,
             message="stopped before a worker picked it up",
         )
     elif _heartbeat_stale(run.heartbeat_at):
-        _transition(
+        run_status_transition(
             run_id=run.pk,
             allowed_from=ACTIVE_STATUSES,
             to=RunStatus.STOPPED,
             message=f"stopped; no live supervisor (last heartbeat {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)",
         )
     else:
-        _transition(
+        run_status_transition(
             run_id=run.pk,
             allowed_from=(RunStatus.STARTING, RunStatus.RUNNING),
             to=RunStatus.STOPPING,
@@ -230,7 +200,7 @@ def run_resume(*, run: Run) -> Run:
     if run.status not in RESUMABLE_STATUSES:
         raise RunStateError(f"run {run.pk} is {run.status}; only failed or stopped runs can be resumed")
     with transaction.atomic():
-        changed = _transition(
+        changed = run_status_transition(
             run_id=run.pk,
             allowed_from=RESUMABLE_STATUSES,
             to=RunStatus.QUEUED,
@@ -252,172 +222,6 @@ def run_resume(*, run: Run) -> Run:
         run.refresh_from_db()
         run_launch(run=run)
     return run
-
-
-# ------------------------------------------------------------------------- supervisor's side
-class PlacementWait(Exception):
-    """The run fits its worker but not now (GPUs or its named server busy): it stays queued and the
-    task retries; ``reason`` is on the run as ``waiting_reason``."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(reason)
-
-
-def run_claim(
-    *, run_id: int, task_id: str, worker_host: str, worker_name: str = "", gpus: Sequence[str] = ()
-) -> Run | None:
-    """Take a queued run for this attempt: placed on ``gpus`` (the worker's inventory, empty on a
-    CPU worker) beside the host's other live runs, ``starting``, a vLLM port free on
-    ``worker_host`` (unless it uses a named server), the output directory.
-
-    Returns None when the run is not this task's to take (stopped meanwhile, resumed by a newer
-    task, or already claimed by a redelivered copy of this one), or when it can never be placed
-    here (then it is failed with the reason). Raises :class:`PlacementWait` when its GPUs or its
-    named server are busy now.
-    """
-    for _ in range(5):
-        try:
-            with transaction.atomic():
-                run = Run.objects.select_for_update().get(pk=run_id)
-                if run.status != RunStatus.QUEUED or (task_id and run.celery_task_id not in ("", task_id)):
-                    return None
-                plan = _placement_for(
-                    run, worker_host=worker_host, worker_name=worker_name or worker_host, gpus=gpus
-                )
-                if plan is None:
-                    return None
-                if isinstance(plan, Waiting):
-                    waiting = plan.reason
-                    break
-                now = timezone.now()
-                run.status = RunStatus.STARTING
-                run.attempt += 1
-                run.worker_host = worker_host
-                run.placement = plan
-                run.waiting_reason = ""
-                run.vllm_port = None
-                if plan["server"] is None:
-                    try:
-                        run.vllm_port = _free_port(worker_host)
-                    except RuntimeError as exc:
-                        _fail_unclaimed(run_id=run.pk, reason=str(exc))
-                        return None
-                run.heartbeat_at = now
-                run.started_at = None
-                run.output_dir = run.output_dir or str(
-                    Path(settings.GRPO_RUNS_DIR) / f"run-{run.pk}-{run.uid.hex[:8]}"
-                )
-                run.save()
-                _event(run.pk, RunEventKind.STATUS, f"starting (attempt {run.attempt} on {worker_host})")
-                _event(run.pk, RunEventKind.INFO, "placement: " + placement_text(plan))
-                _publish_status(run.pk, RunStatus.STARTING)
-                return run
-        except IntegrityError as exc:
-            if "run_port_unique_while_active" not in str(exc):
-                raise
-            continue  # another run on this host took the same port between our check and save
-    else:
-        _fail_unclaimed(run_id=run_id, reason=f"could not reserve a vLLM port on {worker_host}")
-        return None
-    # Recorded after the claim's transaction (rolled back by nothing, seen by the page at once).
-    _run_wait(run_id, waiting)
-
-
-def _placement_for(
-    run: Run, *, worker_host: str, worker_name: str, gpus: Sequence[str]
-) -> dict | Waiting | None:
-    """The run's placement on this worker (inside the claim's transaction, under the host's lock),
-    a :class:`Waiting` when it must wait, or None after failing a run that can never be placed here."""
-    from controlplane.runs import worker_hosts
-
-    resources = parse_resources(run.config.get("resources"))
-    if resources.server is not None:
-        if resources.server not in settings.GRPO_VLLM_SERVERS:
-            _fail_unclaimed(
-                run_id=run.pk,
-                reason=f"resources.server: {resources.server!r} is not registered on worker {worker_name} "
-                f"(GRPO_VLLM_SERVERS has {', '.join(sorted(settings.GRPO_VLLM_SERVERS)) or 'none'})",
-            )
-            return None
-        _advisory_lock(f"grpo-server:{resources.server}")
-        holder = (
-            Run.objects.filter(status__in=ACTIVE_STATUSES, placement__server=resources.server)
-            .exclude(pk=run.pk)
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if holder is not None:
-            return Waiting(f"waiting for vLLM server {resources.server!r}: run {holder} is using it")
-    _advisory_lock(f"grpo-host:{worker_host}")
-    busy: set[str] = set()
-    for held in Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
-        "placement", flat=True
-    ):
-        busy.update(str(g) for g in (held or {}).get("gpus", []))
-    try:
-        plan = placement_plan(
-            resources=resources,
-            inventory=[str(g) for g in gpus],
-            busy=busy,
-            host=worker_host,
-            worker=worker_name,
-        )
-    except Unplaceable as exc:
-        pool = resources.pool or settings.GRPO_RUNS_QUEUE
-        largest = worker_hosts.pool_max_gpus(pool=pool)
-        if largest is not None and largest > len(gpus) and resources.gpus_on(gpu_host=True) <= largest:
-            return Waiting(f"waiting for a larger worker of pool {pool!r}: {exc}")
-        _fail_unclaimed(run_id=run.pk, reason=str(exc))
-        return None
-    return plan
-
-
-def _run_wait(run_id: int, reason: str) -> None:
-    """Record why the queued run waits (an event when the reason changes) and raise PlacementWait."""
-    changed = (
-        Run.objects.filter(pk=run_id, status=RunStatus.QUEUED)
-        .exclude(waiting_reason=reason[:500])
-        .update(waiting_reason=reason[:500])
-    )
-    if changed:
-        _event(run_id, RunEventKind.INFO, reason)
-    raise PlacementWait(reason)
-
-
-def _advisory_lock(key: str) -> None:
-    """A transaction-scoped Postgres lock on ``key`` (claims on one host, or one server, take turns)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
-
-
-def placement_text(placement: dict) -> str:
-    """One line for people: ``host-a (worker gpu@host-a): vLLM on GPUs 0 (TP 1 × DP 1), trainer on GPUs 1,2 (2 processes)``."""
-    where = f"{placement.get('host')} (worker {placement.get('worker')})"
-    vllm = placement.get("vllm")
-    if placement.get("server"):
-        served = f"vLLM server {placement['server']!r}"
-    elif vllm and vllm.get("gpus"):
-        served = (
-            f"vLLM on GPUs {','.join(vllm['gpus'])} (TP {vllm['tensor_parallel_size']} × DP "
-            f"{vllm['data_parallel_size']})"
-        )
-    else:
-        served = "vLLM on CPU"
-    trainer = placement.get("trainer") or {}
-    n = trainer.get("processes", 1)
-    devices = f"GPUs {','.join(trainer['gpus'])}" if trainer.get("gpus") else "CPU"
-    return f"{where}: {served}, trainer on {devices} ({n} process{'es' if n != 1 else ''})"
-
-
-def _fail_unclaimed(*, run_id: int, reason: str) -> None:
-    _transition(
-        run_id=run_id,
-        allowed_from=(RunStatus.QUEUED,),
-        to=RunStatus.FAILED,
-        message=reason,
-        failure_reason=reason,
-    )
 
 
 def run_processes_record(*, run_id: int, vllm_pid: int | None = None, trainer_pid: int | None = None) -> None:
@@ -448,7 +252,7 @@ def run_sources_record(*, run_id: int, sources: dict[str, dict]) -> None:
 
 def run_mark_running(*, run_id: int, resumed_from: Checkpoint | None = None) -> bool:
     """``starting`` -> ``running`` once the trainer process is up."""
-    return _transition(
+    return run_status_transition(
         run_id=run_id,
         allowed_from=(RunStatus.STARTING,),
         to=RunStatus.RUNNING,
@@ -481,7 +285,7 @@ def run_finish(
     if status == RunStatus.FAILED and not failure_reason:
         failure_reason = "failed (no reason recorded)"
     message = status + (f": {failure_reason}" if failure_reason else "")
-    return _transition(
+    return run_status_transition(
         run_id=run_id,
         allowed_from=ACTIVE_STATUSES,
         to=status,
@@ -507,7 +311,7 @@ def runs_fail_stale(*, now: datetime | None = None) -> list[int]:
             f"worker lost: no heartbeat from the supervisor on {host or '?'} since "
             f"{beat:%Y-%m-%d %H:%M:%S} UTC (more than {settings.GRPO_RUN_STALE_AFTER_S:.0f} s)"
         )
-        if _transition(
+        if run_status_transition(
             run_id=run_id,
             allowed_from=ACTIVE_STATUSES,
             to=RunStatus.FAILED,
@@ -524,7 +328,7 @@ def run_event_create(*, run_id: int, kind: str, message: str) -> RunEvent:
     return _event(run_id, kind, message)
 
 
-def _transition(
+def run_status_transition(
     *,
     run_id: int,
     allowed_from: Sequence[str],
@@ -542,7 +346,7 @@ def _transition(
     if not updated:
         return False
     _event(run_id, RunEventKind.STATUS, message)
-    _publish_status(run_id, to, failure_reason=fields.get("failure_reason", ""))
+    run_status_publish(run_id=run_id, status=to, failure_reason=fields.get("failure_reason", ""))
     return True
 
 
@@ -558,55 +362,12 @@ def _event(run_id: int, kind: str, message: str) -> RunEvent:
         "message": event.message[-MAX_PUBLISHED_TEXT_CHARS:],
         "created_at": event.created_at.isoformat(),
     }
-    transaction.on_commit(lambda: _publish(run_id, published))
+    run_message_publish_on_commit(run_id=run_id, message=published)
     return event
-
-
-def _publish_status(run_id: int, status: str, *, failure_reason: str = "") -> None:
-    message = {"type": "run.status", "status": str(status)}
-    if failure_reason:
-        message["failure_reason"] = failure_reason
-    transaction.on_commit(lambda: _publish(run_id, message))
-
-
-def run_message_publish(*, run_id: int, message: dict) -> None:
-    """Send ``message`` to the run's channel-layer group once the current transaction commits."""
-    _publish(run_id, message)
-
-
-def _publish(run_id: int, message: dict) -> None:
-    """``group_send`` to ``run-<id>``; the channel layer is best effort (Postgres has the data)."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(f"run-{run_id}", message)
-    except Exception:
-        logger.warning("could not publish %s for run %s", message.get("type"), run_id, exc_info=True)
 
 
 def _heartbeat_stale(beat: datetime | None) -> bool:
     return beat is None or beat < timezone.now() - timedelta(seconds=settings.GRPO_RUN_STALE_AFTER_S)
-
-
-def _free_port(worker_host: str) -> int:
-    """A port of ``GRPO_VLLM_PORTS`` no live run on this host holds and nothing listens on now."""
-    low, high = settings.GRPO_VLLM_PORTS
-    taken = set(
-        Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
-            "vllm_port", flat=True
-        )
-    )
-    for port in range(low, high + 1):
-        if port in taken:
-            continue
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind(("127.0.0.1", port))
-            return port
-    raise RuntimeError(f"no free vLLM port in GRPO_VLLM_PORTS={low}-{high} on {worker_host}")
 
 
 def _config_sha256(config: dict) -> str:

@@ -17,7 +17,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, RunEventKind, RunFileCursor
-from controlplane.runs.services import MAX_PUBLISHED_TEXT_CHARS, run_event_create, run_message_publish
+from controlplane.runs.services.lifecycle import run_event_create
+from controlplane.runs.services.stream import MAX_PUBLISHED_TEXT_CHARS, run_message_publish
 
 
 def _event_create(run_id: int, kind: str, message: str):

@@ -1,0 +1,218 @@
+"""Claiming a queued run for a worker: its placement (GPUs, named server, vLLM port) planned and
+leased under a per-host (or per-server) advisory lock; a run that does not fit waits queued
+(:class:`PlacementWait`, the task retries) and one that can never fit fails with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from controlplane.access.services import token_issue  # noqa: F401  (the runs API's callers issue tokens here)
+from controlplane.runs.models import (
+    ACTIVE_STATUSES,
+    Run,
+    RunEventKind,
+    RunStatus,
+)
+from controlplane.runs.placement import Unplaceable, Waiting, placement_plan
+from controlplane.runs.services.lifecycle import run_event_create, run_status_transition
+from controlplane.runs.services.stream import run_status_publish
+from trainer.resources import parse_resources
+
+logger = logging.getLogger(__name__)
+
+
+class PlacementWait(Exception):
+    """The run fits its worker but not now (GPUs or its named server busy): it stays queued and the
+    task retries; ``reason`` is on the run as ``waiting_reason``."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def run_claim(
+    *, run_id: int, task_id: str, worker_host: str, worker_name: str = "", gpus: Sequence[str] = ()
+) -> Run | None:
+    """Take a queued run for this attempt: placed on ``gpus`` (the worker's inventory, empty on a
+    CPU worker) beside the host's other live runs, ``starting``, a vLLM port free on
+    ``worker_host`` (unless it uses a named server), the output directory.
+
+    Returns None when the run is not this task's to take (stopped meanwhile, resumed by a newer
+    task, or already claimed by a redelivered copy of this one), or when it can never be placed
+    here (then it is failed with the reason). Raises :class:`PlacementWait` when its GPUs or its
+    named server are busy now.
+    """
+    for _ in range(5):
+        try:
+            with transaction.atomic():
+                run = Run.objects.select_for_update().get(pk=run_id)
+                if run.status != RunStatus.QUEUED or (task_id and run.celery_task_id not in ("", task_id)):
+                    return None
+                plan = _placement_for(
+                    run, worker_host=worker_host, worker_name=worker_name or worker_host, gpus=gpus
+                )
+                if plan is None:
+                    return None
+                if isinstance(plan, Waiting):
+                    waiting = plan.reason
+                    break
+                now = timezone.now()
+                run.status = RunStatus.STARTING
+                run.attempt += 1
+                run.worker_host = worker_host
+                run.placement = plan
+                run.waiting_reason = ""
+                run.vllm_port = None
+                if plan["server"] is None:
+                    try:
+                        run.vllm_port = _free_port(worker_host)
+                    except RuntimeError as exc:
+                        _fail_unclaimed(run_id=run.pk, reason=str(exc))
+                        return None
+                run.heartbeat_at = now
+                run.started_at = None
+                run.output_dir = run.output_dir or str(
+                    Path(settings.GRPO_RUNS_DIR) / f"run-{run.pk}-{run.uid.hex[:8]}"
+                )
+                run.save()
+                run_event_create(
+                    run_id=run.pk,
+                    kind=RunEventKind.STATUS,
+                    message=f"starting (attempt {run.attempt} on {worker_host})",
+                )
+                run_event_create(
+                    run_id=run.pk, kind=RunEventKind.INFO, message="placement: " + placement_text(plan)
+                )
+                run_status_publish(run_id=run.pk, status=RunStatus.STARTING)
+                return run
+        except IntegrityError as exc:
+            if "run_port_unique_while_active" not in str(exc):
+                raise
+            continue  # another run on this host took the same port between our check and save
+    else:
+        _fail_unclaimed(run_id=run_id, reason=f"could not reserve a vLLM port on {worker_host}")
+        return None
+    # Recorded after the claim's transaction (rolled back by nothing, seen by the page at once).
+    _run_wait(run_id, waiting)
+
+
+def _placement_for(
+    run: Run, *, worker_host: str, worker_name: str, gpus: Sequence[str]
+) -> dict | Waiting | None:
+    """The run's placement on this worker (inside the claim's transaction, under the host's lock),
+    a :class:`Waiting` when it must wait, or None after failing a run that can never be placed here."""
+    from controlplane.runs import worker_hosts
+
+    resources = parse_resources(run.config.get("resources"))
+    if resources.server is not None:
+        if resources.server not in settings.GRPO_VLLM_SERVERS:
+            _fail_unclaimed(
+                run_id=run.pk,
+                reason=f"resources.server: {resources.server!r} is not registered on worker {worker_name} "
+                f"(GRPO_VLLM_SERVERS has {', '.join(sorted(settings.GRPO_VLLM_SERVERS)) or 'none'})",
+            )
+            return None
+        _advisory_lock(f"grpo-server:{resources.server}")
+        holder = (
+            Run.objects.filter(status__in=ACTIVE_STATUSES, placement__server=resources.server)
+            .exclude(pk=run.pk)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if holder is not None:
+            return Waiting(f"waiting for vLLM server {resources.server!r}: run {holder} is using it")
+    _advisory_lock(f"grpo-host:{worker_host}")
+    busy: set[str] = set()
+    for held in Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
+        "placement", flat=True
+    ):
+        busy.update(str(g) for g in (held or {}).get("gpus", []))
+    try:
+        plan = placement_plan(
+            resources=resources,
+            inventory=[str(g) for g in gpus],
+            busy=busy,
+            host=worker_host,
+            worker=worker_name,
+        )
+    except Unplaceable as exc:
+        pool = resources.pool or settings.GRPO_RUNS_QUEUE
+        largest = worker_hosts.pool_max_gpus(pool=pool)
+        if largest is not None and largest > len(gpus) and resources.gpus_on(gpu_host=True) <= largest:
+            return Waiting(f"waiting for a larger worker of pool {pool!r}: {exc}")
+        _fail_unclaimed(run_id=run.pk, reason=str(exc))
+        return None
+    return plan
+
+
+def _run_wait(run_id: int, reason: str) -> None:
+    """Record why the queued run waits (an event when the reason changes) and raise PlacementWait."""
+    changed = (
+        Run.objects.filter(pk=run_id, status=RunStatus.QUEUED)
+        .exclude(waiting_reason=reason[:500])
+        .update(waiting_reason=reason[:500])
+    )
+    if changed:
+        run_event_create(run_id=run_id, kind=RunEventKind.INFO, message=reason)
+    raise PlacementWait(reason)
+
+
+def _advisory_lock(key: str) -> None:
+    """A transaction-scoped Postgres lock on ``key`` (claims on one host, or one server, take turns)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+
+
+def placement_text(placement: dict) -> str:
+    """One line for people: ``host-a (worker gpu@host-a): vLLM on GPUs 0 (TP 1 × DP 1), trainer on GPUs 1,2 (2 processes)``."""
+    where = f"{placement.get('host')} (worker {placement.get('worker')})"
+    vllm = placement.get("vllm")
+    if placement.get("server"):
+        served = f"vLLM server {placement['server']!r}"
+    elif vllm and vllm.get("gpus"):
+        served = (
+            f"vLLM on GPUs {','.join(vllm['gpus'])} (TP {vllm['tensor_parallel_size']} × DP "
+            f"{vllm['data_parallel_size']})"
+        )
+    else:
+        served = "vLLM on CPU"
+    trainer = placement.get("trainer") or {}
+    n = trainer.get("processes", 1)
+    devices = f"GPUs {','.join(trainer['gpus'])}" if trainer.get("gpus") else "CPU"
+    return f"{where}: {served}, trainer on {devices} ({n} process{'es' if n != 1 else ''})"
+
+
+def _fail_unclaimed(*, run_id: int, reason: str) -> None:
+    run_status_transition(
+        run_id=run_id,
+        allowed_from=(RunStatus.QUEUED,),
+        to=RunStatus.FAILED,
+        message=reason,
+        failure_reason=reason,
+    )
+
+
+def _free_port(worker_host: str) -> int:
+    """A port of ``GRPO_VLLM_PORTS`` no live run on this host holds and nothing listens on now."""
+    low, high = settings.GRPO_VLLM_PORTS
+    taken = set(
+        Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
+            "vllm_port", flat=True
+        )
+    )
+    for port in range(low, high + 1):
+        if port in taken:
+            continue
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free vLLM port in GRPO_VLLM_PORTS={low}-{high} on {worker_host}")
