@@ -116,11 +116,7 @@ NUM_TOKENS = _m(
 LOSS = _m("loss", MEAN, "", "Training loss, averaged over the window's steps (Trainer).")
 GRAD_NORM = _m("grad_norm", LAST, "", "Gradient norm before clipping at the window's last step (Trainer).")
 LEARNING_RATE = _m("learning_rate", LAST, "", "Learning rate at the window's last step (Trainer).")
-# Trainer.log adds it to the logs after metrics.jsonl's line is written: callbacks (the control
-# plane, the progress bar) see it, the file does not.
-EPOCH = _m(
-    "epoch", LAST, "epochs", "Passes over the prompt dataset so far.", "in callbacks, not metrics.jsonl"
-)
+EPOCH = _m("epoch", LAST, "epochs", "Passes over the prompt dataset so far.")
 REWARD = _m("reward", MEAN, "", "Mean summed reward over all scored completions, dropped groups too.")
 REWARD_GROUP_STD = _m(
     "reward_group_std", MEAN, "", "Within-group std of the summed reward, over trained samples."

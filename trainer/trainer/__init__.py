@@ -43,6 +43,7 @@ from trainer.host import share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import (
     AUX_LOSS,
+    EPOCH,
     FRAC_REWARD_ZERO_STD,
     LOSS,
     NUM_TOKENS,
@@ -552,6 +553,8 @@ class AsyncGRPOTrainer(Trainer):
                 tool_names=[tool_name(t) for t in self.tools],
             )
             self._window.clear()
+        if self.state.epoch is not None:  # Trainer.log adds it only after: the sinks need it too
+            logs = {**logs, EPOCH: self.state.epoch}
         self._emit("metrics", self.state.global_step, logs)
         self._log_completions()
         super().log(logs, start_time)
