@@ -236,6 +236,10 @@ GRPO_ALLOWED_HUB_DATASETS = env_list("GRPO_ALLOWED_HUB_DATASETS")
 # attn_implementation values a web document may use besides eager / sdpa / flex_attention.
 GRPO_ALLOWED_ATTN_IMPLEMENTATIONS = env_list("GRPO_ALLOWED_ATTN_IMPLEMENTATIONS")
 GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"))
+# The supervisor reads a live run's metrics.jsonl / completions.jsonl this often (seconds), at most
+# this many bytes per file and read (a backlog after a worker restart takes a few reads).
+GRPO_INGEST_POLL_S = float(os.environ.get("GRPO_INGEST_POLL_S", "0.1"))
+GRPO_INGEST_MAX_READ_BYTES = int(os.environ.get("GRPO_INGEST_MAX_READ_BYTES", str(8 << 20)))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 
 LANGUAGE_CODE = "en-us"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import DataError, IntegrityError
 
 from controlplane.runs import selectors
@@ -32,9 +33,11 @@ from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
-INGEST_POLL_S = 0.1  # while the run is live: p95 step-to-browser delivery stays well under 500 ms
+# While the run is live (GRPO_INGEST_POLL_S): p95 step-to-browser delivery stays well under 500 ms.
+INGEST_POLL_S = settings.GRPO_INGEST_POLL_S
 CHECKPOINT_SCAN_S = 1.0
-MAX_READ_BYTES = 8 << 20  # per file and poll; a long backlog (after a restart) takes a few polls
+# Per file and poll (GRPO_INGEST_MAX_READ_BYTES); a long backlog (after a restart) takes a few polls.
+MAX_READ_BYTES = settings.GRPO_INGEST_MAX_READ_BYTES
 
 
 @dataclass
