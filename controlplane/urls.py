@@ -1,4 +1,4 @@
-"""URL configuration: pages, REST API v1, OpenAPI schema."""
+"""URL configuration: pages, REST API v1, OpenAPI schema and its rendered reference page."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from controlplane.access.views import RateLimitedLoginView, admin_login_view
 from controlplane.core import views as core_views
+from controlplane.core.api_reference import ApiReferenceView
 from controlplane.runs.urls import api_patterns as runs_api_patterns
 from controlplane.runs.urls import web_patterns as runs_web_patterns
 
@@ -23,6 +24,7 @@ urlpatterns = [
     # No password reset by mail: no mail backend is configured, and an open reset form is an
     # unthrottled mail cannon (operators reset passwords with `manage.py changepassword`).
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/docs/", ApiReferenceView.as_view(), name="api-reference"),
     path("api/v1/", include((runs_api_patterns, "runs-api"))),
     path("runs/", include((runs_web_patterns, "runs"))),
 ]

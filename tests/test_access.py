@@ -121,8 +121,8 @@ def test_every_api_endpoint_refuses_anonymous_callers():
     anonymous = APIClient()
     checked = 0
     for route, view in views:
-        if "schema" in route:
-            continue
+        if "schema" in route or route == "api/v1/docs/":
+            continue  # the schema and its rendered page follow SERVE_PERMISSIONS (production probe below)
         url = "/" + route.replace("<int:run_id>", str(run.pk))
         for method in ("get", "post", "put", "patch", "delete"):
             if hasattr(view, method):
@@ -235,9 +235,11 @@ PRODUCTION_PROBE = """
 from django.test import Client
 c = Client(HTTP_HOST="localhost")
 schema = c.get("/api/v1/schema/")
+docs = c.get("/api/v1/docs/")
 api = c.get("/api/v1/runs/", HTTP_ACCEPT="text/html")
 page = c.get("/runs/login/")
 print("schema", schema.status_code)
+print("docs", docs.status_code)
 print("api", api.status_code, api["Content-Type"])
 print("csp", page["Content-Security-Policy"])
 """
@@ -265,6 +267,7 @@ def test_production_closes_the_browsable_api_and_the_schema_and_refuses_any_host
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert lines["schema"] in ("401", "403"), result.stdout  # logged-in users only
+    assert lines["docs"] in ("401", "403"), result.stdout  # the rendered reference too
     status, content_type = lines["api"].split(" ", 1)
     # No HTML API: a browser's Accept gets JSON (406: HTML is not on offer), never the browsable page.
     assert status in ("401", "406") and content_type.startswith("application/json"), lines["api"]
@@ -274,6 +277,7 @@ def test_production_closes_the_browsable_api_and_the_schema_and_refuses_any_host
     )
     reopened = probe(GRPO_PUBLIC_SCHEMA="true")
     assert "schema 200" in reopened.stdout, reopened.stdout + reopened.stderr
+    assert "docs 200" in reopened.stdout, reopened.stdout + reopened.stderr
     star = subprocess.run(
         [PYTHON, "manage.py", "check"],
         cwd=REPO,
