@@ -236,6 +236,13 @@ GRPO_ALLOWED_HUB_DATASETS = env_list("GRPO_ALLOWED_HUB_DATASETS")
 # attn_implementation values a web document may use besides eager / sdpa / flex_attention.
 GRPO_ALLOWED_ATTN_IMPLEMENTATIONS = env_list("GRPO_ALLOWED_ATTN_IMPLEMENTATIONS")
 GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"))
+# A run's tags and note as the API and the pages accept them (the database's ceilings, 64 tags of
+# 64 characters and a 20,000-character note, bound them: see controlplane/runs/models.py).
+GRPO_RUN_MAX_TAGS = int(os.environ.get("GRPO_RUN_MAX_TAGS", "16"))
+GRPO_RUN_TAG_MAX_CHARS = int(os.environ.get("GRPO_RUN_TAG_MAX_CHARS", "40"))
+GRPO_RUN_NOTE_MAX_CHARS = int(os.environ.get("GRPO_RUN_NOTE_MAX_CHARS", "4000"))
+# Runs per page of the run list (the page and GET /api/v1/runs/ without page_size).
+GRPO_RUN_LIST_PAGE_SIZE = int(os.environ.get("GRPO_RUN_LIST_PAGE_SIZE", "50"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 
 LANGUAGE_CODE = "en-us"
