@@ -181,12 +181,19 @@ class Run(models.Model):
 class MetricPoint(models.Model):
     """One metric value at one optimizer step (spec metric names, e.g. ``reward``)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    # No index of its own: (run, step) below serves the foreign key's lookups too.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points", db_index=False)
     step = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
     value = models.FloatField()  # Postgres double precision keeps NaN/inf as logged
 
     class Meta:
+        indexes = [
+            # A run's last step (the run list's progress, polled every few seconds for a page of
+            # runs; the dashboard's snapshot) is one index entry, not a scan of all its points:
+            # 5 runs x 40k points took 4.9 ms per run through the foreign key's index.
+            models.Index(fields=["run", "-step"], name="metric_point_run_step"),
+        ]
         constraints = [
             # (run, name, step) in this order: the unique index also serves per-name range reads
             # (WHERE run = ? AND name IN (...) AND step > ? ORDER BY step).
