@@ -237,6 +237,7 @@ def test_run_list_page_filters_sorts_and_pages_with_the_same_parameters(alice, r
     # Pages: 5 runs by 2.
     html = web.get("/runs/?ordering=name&page=2").content.decode()
     assert "lr sweep b" in html and "qwen try" in html and "gsm run" not in html
+    assert '<span class="run-step">7 / 10</span>' in html  # progress: last step / max_steps
     assert 'href="?ordering=name&amp;page=3"' in html and 'href="?ordering=name&amp;page=1"' in html
     assert "page 2 of 3" in html
     # Search and status, and a query that matches nothing.

@@ -47,7 +47,8 @@ def run_list_view(request: HttpRequest) -> HttpResponse:
     filters = query.filters() if valid else {"ordering": "-created"}
     runs = selectors.run_list_search(user=request.user, **filters)
     page = Paginator(runs, settings.GRPO_RUN_LIST_PAGE_SIZE).get_page(request.GET.get("page"))
-    for run in page:
+    shown = list(page.object_list)
+    for run in shown:
         run.max_steps = selectors.run_max_steps(run=run)
     ordering = filters["ordering"]
     poll = request.GET.copy() if valid else QueryDict(mutable=True)
@@ -64,12 +65,11 @@ def run_list_view(request: HttpRequest) -> HttpResponse:
     ]
     context = {
         "page": page,
-        "runs": list(page),
+        "runs": shown,
         "columns": columns,
         "query": request.GET,
         "query_errors": {} if valid else query.errors,
         "statuses": RunStatus.values,
-        "page_size": settings.GRPO_RUN_LIST_PAGE_SIZE,
         "poll_url": reverse("runs-api:run-list") + "?" + poll.urlencode(),
         "filtered": any(v for k, v in filters.items() if k != "ordering"),
     }
