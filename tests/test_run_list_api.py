@@ -102,6 +102,8 @@ def test_api_list_filters_search_and_sorts_on_the_server(alice, runs):
     assert get("?ordering=-step")[:2] == ["lr sweep b", "zeta"]  # most progress first, none last
     assert get("?ordering=model")[0] == "qwen try" and get("?ordering=-model")[-1] == "qwen try"
     assert get("?owner=bob") == []  # bob's runs stay invisible to alice
+    assert get(f"?id={runs[0].pk},{runs[4].pk},{runs[5].pk}") == ["zeta", "lr sweep a"]  # bob's is not hers
+    assert api.get("/api/v1/runs/?id=1,%C2%B2").status_code == 400
     body = api.get("/api/v1/runs/?status=running&ordering=-step").json()
     first = body["results"][0]
     assert (first["step"], first["max_steps"], first["last_reward"]) == (7, 10, 0.7)
@@ -230,7 +232,8 @@ def test_run_list_page_filters_sorts_and_pages_with_the_same_parameters(alice, r
     html = page.content.decode()
     assert "lr sweep a" in html and "lr sweep b" in html and "zeta" not in html and "bob&#x27;s" not in html
     assert 'class="tag" href="?tag=lr&amp;ordering=name"' in html  # a tag filters, keeping the sort
-    assert 'data-poll="/api/v1/runs/?tag=sweep&amp;ordering=name&amp;page=1&amp;page_size=2"' in html
+    # the script polls the rows shown, by id
+    assert f'data-poll="/api/v1/runs/?id={runs[0].pk}%2C{runs[1].pk}&amp;page_size=2"' in html
     assert "baseline learning rate" in html  # the note under the name
     # Sort links toggle the column's direction and drop the page number.
     assert 'href="?tag=sweep&amp;ordering=-name"' in html

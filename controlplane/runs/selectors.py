@@ -83,6 +83,7 @@ RUN_LIST_ORDERINGS = {
 def run_list_search(
     *,
     user: Any,
+    ids: list[int] | None = None,
     statuses: list[str] | None = None,
     owner: str | None = None,
     model: str | None = None,
@@ -94,11 +95,13 @@ def run_list_search(
     """:func:`run_list_with_progress` filtered and sorted on the server (the run list page and
     ``GET /api/v1/runs/`` take the same parameters, so a filtered list is a link).
 
-    ``statuses``: any of them; ``owner``: exact username; ``model`` / ``dataset``: substring of the
+    ``ids``: only these runs; ``statuses``: any of them; ``owner``: exact username; ``model`` / ``dataset``: substring of the
     config's ``model`` / ``train_dataset`` (case-insensitive); ``tags``: every one of them; ``q``:
     substring of the name, note, model, dataset, owner or a tag; ``ordering``: a key of
     :data:`RUN_LIST_ORDERINGS`, ``-`` first for descending (missing values last)."""
     runs = run_list_with_progress(user=user)
+    if ids:
+        runs = runs.filter(pk__in=ids)
     if statuses:
         runs = runs.filter(status__in=statuses)
     if owner:

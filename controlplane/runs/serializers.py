@@ -212,6 +212,12 @@ class RunListQuerySerializer(serializers.Serializer):
         max_length=200,
         help_text="substring of the name, note, model, dataset, owner or a tag",
     )
+    id = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="comma-separated run ids (what a list page polls: its rows, whatever their status now)",
+    )
     ordering = serializers.ChoiceField(
         choices=[o for key in RUN_LIST_ORDERINGS for o in (key, "-" + key)],
         default="-created",
@@ -230,10 +236,18 @@ class RunListQuerySerializer(serializers.Serializer):
     def validate_tag(self, value: str) -> list[str]:
         return _comma_list(value)
 
+    def validate_id(self, value: str) -> list[int]:
+        ids = _comma_list(value)
+        # ASCII digits within a bigint (str.isdigit accepts '²', and int('²') raises)
+        if not all(re.fullmatch(r"[0-9]{1,18}", part) for part in ids):
+            raise serializers.ValidationError("comma-separated run ids")
+        return [int(part) for part in ids]
+
     def filters(self) -> dict:
         """The validated query as ``selectors.run_list_search`` keyword arguments."""
         data = self.validated_data
         return {
+            "ids": data.get("id") or None,
             "statuses": data.get("status") or None,
             "owner": data.get("owner") or None,
             "model": data.get("model") or None,

@@ -40,7 +40,7 @@ RUN_LIST_COLUMNS = (
 def run_list_view(request: HttpRequest) -> HttpResponse:
     """Runs filtered, searched, sorted and paginated on the server with the API's parameters
     (``?status=&owner=&model=&dataset=&tag=&q=&ordering=&page=``), so a filtered list is a link;
-    its script polls the same query on ``GET /api/v1/runs/`` for status and progress."""
+    its script polls its rows (``?id=``) on ``GET /api/v1/runs/`` for status and progress."""
     services.runs_fail_stale()
     query = RunListQuerySerializer(data=request.GET)
     valid = query.is_valid()
@@ -51,8 +51,10 @@ def run_list_view(request: HttpRequest) -> HttpResponse:
     for run in shown:
         run.max_steps = selectors.run_max_steps(run=run)
     ordering = filters["ordering"]
-    poll = request.GET.copy() if valid else QueryDict(mutable=True)
-    poll["page"], poll["page_size"] = str(page.number), str(settings.GRPO_RUN_LIST_PAGE_SIZE)
+    # The script polls the rows shown by id, not the filters: a run that leaves the filter (a
+    # status filter and a run that finishes) is updated in place rather than frozen.
+    poll = QueryDict(mutable=True)
+    poll["id"], poll["page_size"] = ",".join(str(run.pk) for run in shown), str(len(shown))
     columns = [
         {
             "key": key,
@@ -70,7 +72,7 @@ def run_list_view(request: HttpRequest) -> HttpResponse:
         "query": request.GET,
         "query_errors": {} if valid else query.errors,
         "statuses": RunStatus.values,
-        "poll_url": reverse("runs-api:run-list") + "?" + poll.urlencode(),
+        "poll_url": reverse("runs-api:run-list") + "?" + poll.urlencode() if shown else "",
         "filtered": any(v for k, v in filters.items() if k != "ordering"),
     }
     return render(request, "runs/run_list.html", context, status=200 if valid else 400)

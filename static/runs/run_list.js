@@ -1,10 +1,11 @@
 // The run list: status, progress and last reward updated in place, without a reload.
 //
-//   GET  {table.dataset.poll}   the API list with the page's own filters, page and page size
+//   GET  {table.dataset.poll}   the API list of the rows shown (?id=3,5,8): by id, not by the page's
+//                               filters, so a run that leaves them (finishes under ?status=running)
+//                               is still updated
 //
 // Every POLL_MS while a shown run is live (SETTLED_MS once all are finished), and only while the
-// tab is visible. Rows are matched by run id; rows not on the page are left alone (a reload shows
-// runs created since).
+// tab is visible. A reload shows runs created since.
 "use strict";
 
 (() => {
