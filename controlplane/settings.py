@@ -241,6 +241,13 @@ GRPO_COMPLETIONS_PER_STEP = int(os.environ.get("GRPO_COMPLETIONS_PER_STEP", "64"
 # this many bytes per file and read (a backlog after a worker restart takes a few reads).
 GRPO_INGEST_POLL_S = float(os.environ.get("GRPO_INGEST_POLL_S", "0.1"))
 GRPO_INGEST_MAX_READ_BYTES = int(os.environ.get("GRPO_INGEST_MAX_READ_BYTES", str(8 << 20)))
+# A run's tags and note as the API and the pages accept them (the database's ceilings, 64 tags of
+# 64 characters and a 20,000-character note, bound them: see controlplane/runs/models.py).
+GRPO_RUN_MAX_TAGS = int(os.environ.get("GRPO_RUN_MAX_TAGS", "16"))
+GRPO_RUN_TAG_MAX_CHARS = int(os.environ.get("GRPO_RUN_TAG_MAX_CHARS", "40"))
+GRPO_RUN_NOTE_MAX_CHARS = int(os.environ.get("GRPO_RUN_NOTE_MAX_CHARS", "4000"))
+# Runs per page of the run list (the page and GET /api/v1/runs/ without page_size).
+GRPO_RUN_LIST_PAGE_SIZE = int(os.environ.get("GRPO_RUN_LIST_PAGE_SIZE", "50"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 
 LANGUAGE_CODE = "en-us"

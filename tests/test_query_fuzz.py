@@ -32,6 +32,12 @@ PARAMS = (
     "next",
     "limit",
     "offset",
+    "owner",
+    "model",
+    "dataset",
+    "tag",
+    "q",
+    "ordering",
 )
 TRICKY = st.sampled_from(
     [
@@ -56,6 +62,9 @@ TRICKY = st.sampled_from(
         "{}",
         "json",
         "api",
+        "csv",
+        "-step",
+        "name",
     ]
 )
 VALUES = st.one_of(TRICKY, st.text(max_size=40), st.integers(min_value=-(10**30), max_value=10**30).map(str))
@@ -109,6 +118,8 @@ def test_no_query_parameter_makes_a_server_error(logged_in, query, which):
     path = _paths(run.pk)[which]
     response = client.get(path, query)
     assert response.status_code < 500, (path, query, response.status_code)
+    if response.streaming:  # a download fails while it is sent, not before
+        b"".join(response.streaming_content)
 
 
 @pytest.mark.django_db

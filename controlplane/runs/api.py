@@ -10,14 +10,15 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
-from controlplane.runs import selectors, services
+from controlplane.runs import downloads, selectors, services
 from controlplane.runs.serializers import (
     CheckpointOutputSerializer,
     CompletionOutputSerializer,
@@ -30,7 +31,9 @@ from controlplane.runs.serializers import (
     RunCreatedSerializer,
     RunCreateInputSerializer,
     RunListOutputSerializer,
+    RunListQuerySerializer,
     RunOutputSerializer,
+    RunUpdateInputSerializer,
     run_created_payload,
 )
 from trainer import registry
@@ -44,6 +47,39 @@ class PageSizePagination(PageNumberPagination):
 
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+
+class RunListPagination(PageSizePagination):
+    """The run list's pages: ``GRPO_RUN_LIST_PAGE_SIZE`` runs unless ``page_size`` says otherwise
+    (read per request, like the page's own paginator)."""
+
+    @property
+    def page_size(self) -> int:  # type: ignore[override]
+        return settings.GRPO_RUN_LIST_PAGE_SIZE
+
+
+FORMAT_PARAMETER = OpenApiParameter(
+    "format",
+    str,
+    enum=list(downloads.FORMATS),
+    description="download everything matching as a streamed CSV or JSON attachment instead of the "
+    "JSON answer (no pagination)",
+)
+
+
+# ``?format=csv|json`` asks for a download, not for one of DRF's renderers: without this DRF
+# answers 404 to ``format=csv`` (no renderer of that name). Errors are still rendered as JSON.
+# (A comment, not a docstring: the OpenAPI schema would show a docstring as the views' description.)
+class DownloadNegotiationMixin:
+    def perform_content_negotiation(self, request, force=False):
+        if request.query_params.get("format") in downloads.FORMATS:
+            return (JSONRenderer(), JSONRenderer.media_type)
+        return super().perform_content_negotiation(request, force=force)
+
+
+def _download_format(request: Request) -> str | None:
+    fmt = request.query_params.get("format")
+    return fmt if fmt in downloads.FORMATS else None
 
 
 def _conflict(exc: Exception) -> Response:
@@ -125,11 +161,19 @@ class RunListCreateApi(APIView):
     def get_throttles(self):
         return [RunCreateThrottle()] if self.request.method == "POST" else []
 
-    @extend_schema(summary="List visible runs (newest first)", responses=RunListOutputSerializer(many=True))
+    @extend_schema(
+        summary="List visible runs (newest first), filtered, searched and sorted on the server; "
+        "each with its step / max_steps (what a list page polls)",
+        parameters=[RunListQuerySerializer],
+        responses=RunListOutputSerializer(many=True),
+    )
     def get(self, request: Request) -> Response:
         services.runs_fail_stale()
-        paginator = PageSizePagination()
-        page = paginator.paginate_queryset(selectors.run_list(user=request.user), request, view=self)
+        query = RunListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        paginator = RunListPagination()
+        runs = selectors.run_list_search(user=request.user, **query.filters())
+        page = paginator.paginate_queryset(runs, request, view=self)
         data = RunListOutputSerializer(page, many=True, context={"request": request}).data
         return paginator.get_paginated_response(data)
 
@@ -178,6 +222,20 @@ class RunDetailApi(APIView):
         run = selectors.run_get(user=request.user, run_id=run_id)
         return Response(RunOutputSerializer(run, context={"request": request}).data)
 
+    @extend_schema(
+        summary="Edit a run's tags and/or note (its owner only; anything else is read-only)",
+        request=RunUpdateInputSerializer,
+        responses=RunOutputSerializer,
+    )
+    def patch(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        if run.owner_id != request.user.pk:  # staff see every run but edit only their own
+            raise PermissionDenied("only the run's owner may edit its tags and note")
+        data = RunUpdateInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = services.run_annotations_update(run=run, **data.validated_data)
+        return Response(RunOutputSerializer(run, context={"request": request}).data)
+
 
 class RunStopApi(APIView):
     @extend_schema(
@@ -209,16 +267,30 @@ class RunResumeApi(APIView):
         return Response(run_created_payload(run, request), status=status.HTTP_202_ACCEPTED)
 
 
-class RunMetricsApi(APIView):
+class RunMetricsApi(DownloadNegotiationMixin, APIView):
     @extend_schema(
-        summary="Metric series by name",
-        parameters=[MetricsQuerySerializer],
+        summary="Metric series by name; with ?format=csv|json a download, one row per step "
+        "(CSV: step, then a column per metric)",
+        parameters=[MetricsQuerySerializer, FORMAT_PARAMETER],
         responses=MetricsOutputSerializer,
     )
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = MetricsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        fmt = _download_format(request)
+        if fmt:
+            columns, rows = selectors.run_metric_rows(
+                run=run,
+                names=query.validated_data.get("names") or None,
+                since_step=query.validated_data.get("since_step"),
+            )
+            return downloads.download_response(
+                request=request._request,
+                pieces=downloads.metrics_pieces(fmt=fmt, columns=columns, rows=rows),
+                fmt=fmt,
+                filename=f"run-{run.pk}-metrics.{fmt}",
+            )
         select = (
             selectors.run_metric_columns
             if query.validated_data["layout"] == "columns"
@@ -232,16 +304,30 @@ class RunMetricsApi(APIView):
         return Response({"series": series})
 
 
-class RunCompletionsApi(APIView):
+class RunCompletionsApi(DownloadNegotiationMixin, APIView):
     @extend_schema(
-        summary="Sampled completions (newest step first, paginated)",
-        parameters=[CompletionsQuerySerializer],
+        summary="Sampled completions (newest step first, paginated); with ?format=csv|json all of "
+        "them as a download, oldest step first",
+        parameters=[CompletionsQuerySerializer, FORMAT_PARAMETER],
         responses=CompletionOutputSerializer(many=True),
     )
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = CompletionsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        fmt = _download_format(request)
+        if fmt:
+            rows = selectors.run_completion_rows(
+                run=run,
+                since_step=query.validated_data.get("since_step"),
+                step=query.validated_data.get("step"),
+            )
+            return downloads.download_response(
+                request=request._request,
+                pieces=downloads.completions_pieces(fmt=fmt, fields=selectors.COMPLETION_FIELDS, rows=rows),
+                fmt=fmt,
+                filename=f"run-{run.pk}-completions.{fmt}",
+            )
         samples = selectors.run_completion_list(
             run=run, since_step=query.validated_data.get("since_step"), step=query.validated_data.get("step")
         )

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import Case, F, FloatField, Max, OuterRef, QuerySet, Subquery, Value, When
+from django.db.models import (
+    Case,
+    F,
+    FloatField,
+    Func,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404
 
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent, RunFileCursor
@@ -48,6 +64,68 @@ def run_list_with_progress(*, user: Any) -> QuerySet[Run]:
         last_step=Subquery(points.order_by("-step").values("step")[:1]),
         last_reward=Subquery(points.filter(name=REWARD).order_by("-step").values("value")[:1]),
     )
+
+
+# ?ordering= keys of the run list (a leading "-" reverses) -> what they sort by; ties by newest id.
+RUN_LIST_ORDERINGS = {
+    "id": F("id"),
+    "name": F("name"),
+    "status": F("status"),
+    "owner": F("owner__username"),
+    "model": KeyTextTransform("model", "config"),
+    "dataset": KeyTextTransform("train_dataset", "config"),
+    "created": F("created_at"),
+    "finished": F("finished_at"),
+    "step": F("last_step"),
+}
+
+
+def run_list_search(
+    *,
+    user: Any,
+    ids: list[int] | None = None,
+    statuses: list[str] | None = None,
+    owner: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
+    tags: list[str] | None = None,
+    q: str | None = None,
+    ordering: str = "-created",
+) -> QuerySet[Run]:
+    """:func:`run_list_with_progress` filtered and sorted on the server (the run list page and
+    ``GET /api/v1/runs/`` take the same parameters, so a filtered list is a link).
+
+    ``ids``: only these runs; ``statuses``: any of them; ``owner``: exact username; ``model`` / ``dataset``: substring of the
+    config's ``model`` / ``train_dataset`` (case-insensitive); ``tags``: every one of them; ``q``:
+    substring of the name, note, model, dataset, owner or a tag; ``ordering``: a key of
+    :data:`RUN_LIST_ORDERINGS`, ``-`` first for descending (missing values last)."""
+    runs = run_list_with_progress(user=user)
+    if ids:
+        runs = runs.filter(pk__in=ids)
+    if statuses:
+        runs = runs.filter(status__in=statuses)
+    if owner:
+        runs = runs.filter(owner__username=owner)
+    if model:
+        runs = runs.filter(config__model__icontains=model)
+    if dataset:
+        runs = runs.filter(config__train_dataset__icontains=dataset)
+    if tags:
+        runs = runs.filter(tags__contains=tags)
+    if q:
+        tag_text = Func(F("tags"), Value(" "), function="array_to_string", output_field=TextField())
+        runs = runs.annotate(tag_text=tag_text).filter(
+            Q(name__icontains=q)
+            | Q(note__icontains=q)
+            | Q(owner__username__icontains=q)
+            | Q(config__model__icontains=q)
+            | Q(config__train_dataset__icontains=q)
+            | Q(tag_text__icontains=q)
+        )
+    key = ordering.removeprefix("-")
+    expr = RUN_LIST_ORDERINGS[key]
+    order = expr.desc(nulls_last=True) if ordering.startswith("-") else expr.asc(nulls_last=True)
+    return runs.order_by(order, "-id")
 
 
 def run_max_steps(*, run: Run) -> int | None:
@@ -160,6 +238,56 @@ def run_metric_latest(*, run: Run) -> dict[str, dict[str, Any]]:
         .values_list("name", "step", "value")
     )
     return {name: {"step": step, "value": finite_or_none(value)} for name, step, value in rows}
+
+
+def run_metric_rows(
+    *, run: Run, names: list[str] | None = None, since_step: int | None = None, chunk_rows: int = 2000
+) -> tuple[list[str], Iterator[dict[str, Any]]]:
+    """The run's metrics one step at a time, as ``metrics.jsonl`` has them: the metric names
+    (sorted; the columns of a CSV) and an iterator of ``{"step": N, name: value, ...}`` by step
+    (a name not logged at that step is absent; NaN/inf as stored).
+
+    Streams: the points come through a server-side cursor ``chunk_rows`` at a time and one step is
+    assembled at once, so a download of millions of points holds a chunk, not the run."""
+    points = MetricPoint.objects.filter(run=run)
+    if names:
+        points = points.filter(name__in=names)
+    if since_step is not None:
+        points = points.filter(step__gt=since_step)
+    columns = sorted(set(points.values_list("name", flat=True).distinct()))
+    rows = (
+        points.order_by("step", "name").values_list("step", "name", "value").iterator(chunk_size=chunk_rows)
+    )
+
+    def by_step() -> Iterator[dict[str, Any]]:
+        for step, group in itertools.groupby(rows, key=lambda row: row[0]):
+            yield {"step": step} | {name: value for _, name, value in group}
+
+    return columns, by_step()
+
+
+# A downloaded completion's fields, in CSV column order (``rewards``: per function, a JSON object).
+COMPLETION_FIELDS = (
+    "step",
+    "index",
+    "prompt",
+    "completion",
+    "reward",
+    "rewards",
+    "advantage",
+    "group_id",
+    "row_index",
+)
+
+
+def run_completion_rows(
+    *, run: Run, since_step: int | None = None, step: int | None = None, chunk_rows: int = 500
+) -> Iterator[dict[str, Any]]:
+    """Sampled completions oldest step first (``{field: value}`` for :data:`COMPLETION_FIELDS`),
+    through a server-side cursor ``chunk_rows`` at a time (texts can be long)."""
+    samples = run_completion_list(run=run, since_step=since_step, step=step).order_by("step", "index")
+    for values in samples.values_list(*COMPLETION_FIELDS).iterator(chunk_size=chunk_rows):
+        yield dict(zip(COMPLETION_FIELDS, values, strict=True))
 
 
 def run_completion_list(

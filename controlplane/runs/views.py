@@ -8,24 +8,74 @@ import yaml
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from controlplane.runs import presets, selectors, services
 from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
+from controlplane.runs.models import RunStatus
+from controlplane.runs.serializers import RunListQuerySerializer
 from trainer.metrics import REWARD
 from trainer.run_config import RunConfigError
+
+# The run list's sortable columns: (?ordering= key, header).
+RUN_LIST_COLUMNS = (
+    ("id", "#"),
+    ("name", "name"),
+    ("status", "status"),
+    ("step", "progress"),
+    ("owner", "owner"),
+    ("model", "model"),
+    ("dataset", "dataset"),
+    ("created", "created"),
+    ("finished", "finished"),
+)
 
 
 @login_required
 def run_list_view(request: HttpRequest) -> HttpResponse:
+    """Runs filtered, searched, sorted and paginated on the server with the API's parameters
+    (``?status=&owner=&model=&dataset=&tag=&q=&ordering=&page=``), so a filtered list is a link;
+    its script polls its rows (``?id=``) on ``GET /api/v1/runs/`` for status and progress."""
     services.runs_fail_stale()
-    runs = list(selectors.run_list_with_progress(user=request.user)[:200])
-    for run in runs:
+    query = RunListQuerySerializer(data=request.GET)
+    valid = query.is_valid()
+    filters = query.filters() if valid else {"ordering": "-created"}
+    runs = selectors.run_list_search(user=request.user, **filters)
+    page = Paginator(runs, settings.GRPO_RUN_LIST_PAGE_SIZE).get_page(request.GET.get("page"))
+    shown = list(page.object_list)
+    for run in shown:
         run.max_steps = selectors.run_max_steps(run=run)
-    return render(request, "runs/run_list.html", {"runs": runs})
+    ordering = filters["ordering"]
+    # The script polls the rows shown by id, not the filters: a run that leaves the filter (a
+    # status filter and a run that finishes) is updated in place rather than frozen.
+    poll = QueryDict(mutable=True)
+    poll["id"], poll["page_size"] = ",".join(str(run.pk) for run in shown), str(len(shown))
+    columns = [
+        {
+            "key": key,
+            "label": label,
+            # a click on the sorted column reverses it; on another, sorts by it ascending
+            "next": "-" + key if ordering == key else key,
+            "arrow": "▲" if ordering == key else "▼" if ordering == "-" + key else "",
+        }
+        for key, label in RUN_LIST_COLUMNS
+    ]
+    context = {
+        "page": page,
+        "runs": shown,
+        "columns": columns,
+        "query": request.GET,
+        "query_errors": {} if valid else query.errors,
+        "statuses": RunStatus.values,
+        "poll_url": reverse("runs-api:run-list") + "?" + poll.urlencode() if shown else "",
+        "filtered": any(v for k, v in filters.items() if k != "ordering"),
+    }
+    return render(request, "runs/run_list.html", context, status=200 if valid else 400)
 
 
 @login_required
@@ -115,6 +165,10 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "max_steps": selectors.run_max_steps(run=run),
         "config_yaml": yaml.safe_dump(run.config, sort_keys=False),
         "checkpoints": selectors.run_checkpoint_list(run=run),
+        # tags and note: the owner edits them (PATCH /api/v1/runs/<id>/); staff only read others'
+        "can_edit": run.owner_id == request.user.pk,
+        "max_tags": settings.GRPO_RUN_MAX_TAGS,
+        "max_note_chars": settings.GRPO_RUN_NOTE_MAX_CHARS,
     }
     return render(request, "runs/run_detail.html", context)
 

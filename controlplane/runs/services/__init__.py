@@ -8,12 +8,14 @@
   checkpoints, file offsets), stored idempotently and published.
 * :mod:`.stream`: the run's channel-layer group (``run-<id>``) and what is published to it.
 * :mod:`.demo`: the demo run ``make run`` starts.
+* :mod:`.annotations`: a run's tags and note, written by its owner.
 
 The names callers use are re-exported here (``services.run_create``); the modules are the rooms.
 """
 
 from controlplane.access.services import token_issue
 from controlplane.runs.services import ingest
+from controlplane.runs.services.annotations import run_annotations_update
 from controlplane.runs.services.claim import PlacementWait, placement_text, run_claim
 from controlplane.runs.services.demo import demo_config, demo_run_start
 from controlplane.runs.services.lifecycle import (
@@ -58,6 +60,7 @@ __all__ = [
     "demo_run_start",
     "ingest",
     "placement_text",
+    "run_annotations_update",
     "run_claim",
     "run_config_validate",
     "run_create",
