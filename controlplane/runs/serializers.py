@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from controlplane.runs.models import Checkpoint, CompletionSample, Run, RunEvent
+from controlplane.runs.models import Checkpoint, CompletionSample, Run, RunEvent, RunEventKind
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
 
 
@@ -172,6 +172,12 @@ class EventsQuerySerializer(serializers.Serializer):
     after_id = serializers.IntegerField(
         required=False, min_value=0, max_value=2**63 - 1, help_text="only events with a larger id"
     )
+    kind = serializers.ChoiceField(
+        choices=RunEventKind.choices, required=False, help_text="only events of this kind"
+    )
+    q = serializers.CharField(
+        required=False, max_length=200, help_text="only events whose message contains this (any case)"
+    )
 
 
 class CheckpointOutputSerializer(serializers.ModelSerializer):
@@ -220,6 +226,9 @@ class DiagnosisOutputSerializer(serializers.Serializer):
     title = serializers.CharField()
     severity = serializers.ChoiceField(choices=["ok", "info", "warn"])
     evidence = serializers.DictField(child=serializers.FloatField(allow_null=True))
+    labels = serializers.DictField(
+        child=serializers.CharField(), help_text="evidence key -> the spec's name or plain words for it"
+    )
     advice = serializers.CharField()
 
 
