@@ -132,6 +132,7 @@ def test_events_filter_by_kind_and_search_server_side():
         return [e["message"] for e in response.json()]
 
     assert len(messages("")) == 4
+    assert len(messages("?kind=&q=")) == 4  # empty filters: everything
     assert messages("?kind=log") == ["INFO trainer: step 1 loss 0.5", "ERROR trainer: CUDA out of memory"]
     assert messages("?q=out%20of%20memory") == [
         "ERROR trainer: CUDA out of memory",

@@ -474,7 +474,8 @@ def _saturation(w: Mapping[str, Points], reward_range: tuple[float, float]) -> D
     verdict, exact = _saturation_verdict(state)
     title, severity, advice = SATURATION[verdict]
     if not exact:
-        title, severity = f"Partly: {title[0].lower()}{title[1:]}", "info"
+        # No colon after "Partly": the page's strip shows a title up to its first colon.
+        title, severity = f"Partly {title[0].lower()}{title[1:]}", "info"
     return Diagnosis("saturation", verdict, title, severity, ev, advice)
 
 

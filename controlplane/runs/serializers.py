@@ -173,10 +173,13 @@ class EventsQuerySerializer(serializers.Serializer):
         required=False, min_value=0, max_value=2**63 - 1, help_text="only events with a larger id"
     )
     kind = serializers.ChoiceField(
-        choices=RunEventKind.choices, required=False, help_text="only events of this kind"
+        choices=RunEventKind.choices, required=False, allow_blank=True, help_text="only events of this kind"
     )
     q = serializers.CharField(
-        required=False, max_length=200, help_text="only events whose message contains this (any case)"
+        required=False,
+        allow_blank=True,  # an empty search box: every event
+        max_length=200,
+        help_text="only events whose message contains this (any case)",
     )
 
 
