@@ -1,8 +1,8 @@
-"""trainer.diagnosis on recorded metric windows: one test per rule the issue-22 pass changed or keeps.
+"""trainer.diagnosis on recorded metric windows: one test per rule of the spec's tables.
 
-tests/data/diagnosis_windows.json holds metrics.jsonl lines of recorded tiny-model runs (its "about"
-says how they were made; "edits" names the metrics changed from the recording to make a window's case).
-Each window is fed to ``diagnose`` in the shape the API feeds it: metric name -> [(step, value), ...].
+tests/data/diagnosis_windows.json holds metrics.jsonl lines of recorded tiny-model runs ("recorded")
+and, per window, the metrics replaced to make its case ("set"; see the file's "about"). Each window is
+fed to ``diagnose`` in the shape the API feeds it: metric name -> [(step, value), ...].
 """
 
 from __future__ import annotations
@@ -16,18 +16,25 @@ import pytest
 from trainer.diagnosis import Diagnosis, diagnose
 from trainer.diagnosis_words import evidence_label, evidence_labels
 
-WINDOWS = json.loads((Path(__file__).parent / "data" / "diagnosis_windows.json").read_text())["windows"]
+DATA = json.loads((Path(__file__).parent / "data" / "diagnosis_windows.json").read_text())
+WINDOWS = DATA["windows"]
 
 
 def diagnosed(name: str) -> dict[str, Diagnosis]:
     """The window's verdicts by topic (the default 20-step window, the recorded run's config)."""
     window = WINDOWS[name]
     series: dict[str, list[tuple[int, float]]] = {}
-    for line in window["lines"]:
+    for i, recorded in enumerate(DATA["recorded"]):
+        line = {**recorded, **{metric: values[i] for metric, values in window["set"].items()}}
         for metric, value in line.items():
             if metric != "step":
                 series.setdefault(metric, []).append((line["step"], value))
     return {d.topic: d for d in diagnose(series, config=window["config"])}
+
+
+def verdict(name: str, topic: str) -> tuple[str, str]:
+    d = diagnosed(name)[topic]
+    return d.verdict, d.severity
 
 
 # ==== bottleneck and concurrency: one verdict from the same waits =====================================
@@ -60,6 +67,32 @@ def test_trainer_bound_and_staleness_limit_agree():
     assert found["concurrency"].verdict == "staleness_limit"
 
 
+def test_bottleneck_staleness_too_tight_and_concurrency_says_so():
+    found = diagnosed("staleness_too_tight")
+    assert (found["bottleneck"].verdict, found["bottleneck"].severity) == ("staleness_too_tight", "warn")
+    assert found["concurrency"].verdict == "staleness_limit"
+    assert "too strict" in found["concurrency"].advice  # not "expected when inference is faster"
+
+
+def test_bottleneck_balanced():
+    assert verdict("balanced", "bottleneck") == ("balanced", "ok")
+    assert verdict("balanced", "concurrency") == ("none", "ok")
+    assert "generation-bound" not in diagnosed("balanced")["concurrency"].advice
+
+
+def test_concurrency_server_load_with_a_starved_trainer():
+    found = diagnosed("server_load")
+    assert (found["concurrency"].verdict, found["concurrency"].severity) == ("server_load", "info")
+    assert found["bottleneck"].verdict == "generation_bound"
+    assert "vLLM server is full" in found["concurrency"].advice
+
+
+def test_concurrency_max_concurrent_rollouts_ceiling():
+    d = diagnosed("max_concurrent_rollouts_ceiling")["concurrency"]
+    assert (d.verdict, d.severity) == ("max_concurrent_rollouts_ceiling", "warn")
+    assert d.evidence["config/max_concurrent_rollouts"] == 64
+
+
 @pytest.mark.parametrize("name", sorted(WINDOWS))
 def test_bottleneck_and_concurrency_never_contradict(name):
     found = diagnosed(name)
@@ -81,6 +114,20 @@ def test_saturation_reward_at_the_top_with_every_group_solved_is_saturated_at_th
     assert (d.verdict, d.severity) == ("saturated_top", "warn")
     assert d.title.startswith("Saturated at the top")
     assert "harder prompts" in d.advice
+
+
+def test_saturation_healthy():
+    assert verdict("saturation_healthy", "saturation") == ("healthy", "ok")
+
+
+def test_saturation_stuck_bottom():
+    d = diagnosed("stuck_bottom")["saturation"]
+    assert (d.verdict, d.severity) == ("stuck_bottom", "warn")
+    assert "completions/clipped_ratio" in d.advice
+
+
+def test_saturation_regression():
+    assert verdict("regression", "saturation") == ("regression", "warn")
 
 
 # ==== duplicates ======================================================================================
@@ -109,6 +156,16 @@ def test_duplicates_a_jump_to_the_ceiling_is_non_random_even_with_short_answers(
     # every group dropped: the saturation card points at the copies instead of the reward
     assert found["saturation"].verdict == "all_dropped"
     assert "copies of one rollout" in found["saturation"].advice
+
+
+def test_duplicates_healthy():
+    assert verdict("duplicates_healthy", "duplicates") == ("healthy", "ok")
+
+
+def test_duplicates_collapse():
+    d = diagnosed("collapse")["duplicates"]
+    assert (d.verdict, d.severity) == ("collapse", "warn")
+    assert d.evidence["entropy:change_rel"] < -0.1
 
 
 # ==== clipping ========================================================================================

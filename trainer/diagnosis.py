@@ -100,7 +100,6 @@ ENTROPY_FALL_REL = 0.10  # entropy falling by 10% of its window mean over the wi
 # duplicate level says nothing about sampling; only the spec's *jump* toward the ceiling does.
 SHORT_ANSWER_TOKENS = 32.0  # completions/mean_length at or under this is "short"
 DUP_JUMP_OF_CEILING = 0.30  # rise of the recent level over the window's first points that is a jump
-DUP_IN_SOLVED_SLACK = 0.05  # copies fit in the zero-std groups up to this much
 RECENT_POINTS = 5  # "current level" = mean of the last few points, so a jump shows before the mean moves
 
 # ---- clipping ------------------------------------------------------------------------------------
@@ -524,10 +523,14 @@ def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | 
 def _explained_by_short_answers(
     w: Mapping[str, Points], ev: dict[str, float], recent: float, ceiling: float
 ) -> bool:
-    """True when a high duplicate level is short answers repeating (no jump, copies within the groups
-    that got one reward) rather than sampling that stopped being random. Adds its numbers to ``ev``.
+    """True when a duplicate level is short answers repeating rather than sampling that stopped being
+    random: completions/mean_length is short and the level did not jump within the window (a run at
+    temperature 0 from its first step cannot be told apart this way; the advice says what to check).
+    Adds its numbers to ``ev``. Without completions/mean_length the level alone decides, as the
+    spec's table reads.
 
-    Without completions/mean_length the level alone decides, as the spec's table reads.
+    Not checked against frac_reward_zero_std: a group of 3 right answers and 1 wrong one holds copies
+    and still gives a gradient, so short correct answers repeat in groups that are not dropped too.
     """
     if COMPLETIONS_MEAN_LENGTH not in w:
         return False
@@ -535,11 +538,7 @@ def _explained_by_short_answers(
     points = w[COMPLETIONS_DUPLICATE_FRAC]
     jump = recent - _mean(points[:RECENT_POINTS]) if len(points) > RECENT_POINTS else 0.0
     ev.update({COMPLETIONS_MEAN_LENGTH: length, f"{COMPLETIONS_DUPLICATE_FRAC}:jump": jump})
-    within_solved = True
-    if FRAC_REWARD_ZERO_STD in w:
-        # Every group of copies got one reward, so copies beyond the zero-std groups' share are not answers.
-        within_solved = recent <= _recent(w[FRAC_REWARD_ZERO_STD]) * ceiling + DUP_IN_SOLVED_SLACK
-    return length <= SHORT_ANSWER_TOKENS and jump < DUP_JUMP_OF_CEILING * ceiling and within_solved
+    return length <= SHORT_ANSWER_TOKENS and jump < DUP_JUMP_OF_CEILING * ceiling
 
 
 # ==== clipping ========================================================================================

@@ -153,9 +153,9 @@ DUPLICATES = {
         "Short answers repeat: copies are the same (mostly correct) answer, not broken sampling",
         "ok",
         "Completions are short enough that every rollout which gets the answer right is the same text, so "
-        "completions/duplicate_frac sits high from the start and the copies fall inside the groups with one "
-        "reward (frac_reward_zero_std). Non-random sampling would show as a jump toward "
-        "(num_generations - 1) / num_generations; there is none in this window.",
+        "completions/duplicate_frac sits above the baseline without a jump. Non-random sampling shows as a "
+        "jump toward (num_generations - 1) / num_generations; there is none in this window. (Only a run "
+        "sampled at temperature 0 from its first step looks the same: check the temperature once.)",
     ),
     "collapse": (
         "Collapse: the policy converges to one answer per prompt",
