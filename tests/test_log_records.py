@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEvent, RunEventKind
-from worker.log_records import cut_records, event_message
+from worker.log_records import cut_records, event_message, log_tail
 from worker.processes import ManagedProcess
 from worker.supervisor import RunSupervisor
 
@@ -79,6 +79,16 @@ def test_non_utf8_bytes_do_not_shift_the_offset():
     cut = cut_records(data)
     assert cut.records == [["2026-12-02 16:34:52,300 INFO trainer.trainer: caf\ufffd"]]
     assert data[cut.used_bytes :] == b"partial \xff"
+
+
+def test_log_tail_for_failure_reasons_ends_on_the_whole_traceback_without_httpx_lines():
+    uncaught = [*TRACEBACK[:-1], "RuntimeError: boom"]
+    steps = [f"2026-12-02 16:35:{i:02d},000 INFO trainer.trainer: step {i}" for i in range(30)]
+    data = text(ERROR, *TRACEBACK, *[line for step in steps for line in (step, HTTPX)], *uncaught)
+    tail = log_tail(data, max_lines=10).split("\n")
+    assert tail[-len(uncaught) :] == uncaught and HTTPX not in tail
+    assert tail[: 10 - len(uncaught)] == steps[-(10 - len(uncaught)) :]  # whole records up to 10 lines
+    assert ERROR not in tail  # an older traceback is not what ended the process
 
 
 # ==== the supervisor's log event over a real child process =========================================
@@ -148,5 +158,9 @@ def test_supervisor_log_events_are_whole_records_without_httpx_lines(tmp_path):
         supervisor._next_log_event = 0.0
         supervisor._maybe_log_event()  # only an httpx line was left: nothing new to say
         assert RunEvent.objects.filter(run_id=run.pk, kind=RunEventKind.LOG).count() == 2
+        # the exit event's and failure reason's tail: whole records, no httpx line
+        tail = trainer.log_tail(40)
+        assert "HTTP Request" not in tail and tail.endswith("step 2: loss 0.47")
+        assert "Traceback (most recent call last):" in tail
     finally:
         trainer.stop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["LogCut", "cut_records", "event_message", "is_noise"]
+__all__ = ["LogCut", "cut_records", "event_message", "is_noise", "log_tail"]
 
 RECORD_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<name>[\w.]+): ")
 HTTPX_REQUEST = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ httpx: HTTP Request: ")
@@ -108,10 +108,12 @@ def is_noise(record: list[str]) -> bool:
     return len(record) == 1 and HTTPX_REQUEST.match(record[0]) is not None
 
 
-def event_message(records: list[list[str]], *, max_lines: int = EVENT_MAX_LINES) -> str:
+def event_message(
+    records: list[list[str]], *, max_lines: int = EVENT_MAX_LINES, keep_tracebacks: bool = True
+) -> str:
     """One event's text: the latest whole records up to ``max_lines`` lines (at least the last record,
-    whatever its length), plus every earlier record holding a traceback, in log order; noise left out.
-    "" when nothing is left."""
+    whatever its length), plus (``keep_tracebacks``) every earlier record holding a traceback, in log
+    order; noise left out. "" when nothing is left."""
     kept = [record for record in records if not is_noise(record)]
     chosen: set[int] = set()
     lines = 0
@@ -120,5 +122,13 @@ def event_message(records: list[list[str]], *, max_lines: int = EVENT_MAX_LINES)
             break
         chosen.add(i)
         lines += len(kept[i])
-    chosen.update(i for i, record in enumerate(kept) if _has_traceback(record))
+    if keep_tracebacks:
+        chosen.update(i for i, record in enumerate(kept) if _has_traceback(record))
     return "\n".join("\n".join(kept[i]) for i in sorted(chosen))
+
+
+def log_tail(data: bytes, *, max_lines: int) -> str:
+    """The end of a log for a failure reason or an exit event: ``data`` is the file's last bytes,
+    starting at a line, given as the latest whole records up to ``max_lines`` lines (the last one
+    whole, e.g. the traceback that ended the process), noise left out."""
+    return event_message(cut_records(data, final=True).records, max_lines=max_lines, keep_tracebacks=False)
