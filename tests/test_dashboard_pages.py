@@ -145,6 +145,13 @@ def test_events_filter_by_kind_and_search_server_side():
     assert api.get(url + "?kind=nope").status_code == 400
     assert api.get(url + "?q=" + "x" * 201).status_code == 400
     assert api_for(bob).get(url + "?kind=log").status_code == 404
+    # the page's kind filter offers every kind (and "all"); the diagnosis starts as a closed strip
+    html = browser_for(alice).get(f"/runs/{run.pk}/").content.decode()
+    options = html[html.index('id="event-kind"') : html.index("</select>", html.index('id="event-kind"'))]
+    assert '<option value="">all</option>' in options
+    for kind in RunEventKind.values:
+        assert f'<option value="{kind}">' in options, kind
+    assert '<details id="diagnosis-panel">' in html and 'id="event-search"' in html
 
 
 def test_run_list_shows_progress_and_last_reward_and_compare_overlays_own_runs():
