@@ -5,10 +5,16 @@ curves together. This module turns those tables into rules over a window of the 
 
 * ``bottleneck``: ``rollout/queue_size`` with the two mirror-image waits, ``perf/rollout_wait_s``
   (trainer waited on an empty queue) and ``rollout/backpressure_s`` (generation waited on staleness);
-* ``concurrency``: which of the three limits on rollouts in flight binds;
-* ``saturation``: ``frac_reward_zero_std``, ``reward_dropped`` and ``reward`` against the reward range;
-* ``duplicates``: ``completions/duplicate_frac`` and ``entropy`` (collapse vs. non-random sampling);
+* ``concurrency``: which of the three limits on rollouts in flight binds; its staleness reading is
+  the bottleneck card's verdict, so the two never disagree on the same waits;
+* ``saturation``: ``frac_reward_zero_std``, ``reward_dropped`` and ``reward`` against the reward range
+  (also the end state of "saturated at the top": both at the top, no longer climbing);
+* ``duplicates``: ``completions/duplicate_frac`` and ``entropy`` (collapse vs. non-random sampling),
+  with ``completions/mean_length`` (short answers repeat when right; only a jump is non-random);
 * ``clipping``: ``completions/clipped_ratio``.
+
+The verdicts' words (titles, advice, plain labels of the evidence keys) are in
+:mod:`trainer.diagnosis_words`.
 
 The spec says "high", "near the top", "climbing"; the numbers that make those words concrete are
 the module constants below. Waits are read as a fraction of the step time, levels as a position in
