@@ -43,8 +43,10 @@ def _running_run(owner) -> Run:
         config=config,
         config_sha256="0" * 64,
         status=RunStatus.RUNNING,
-        started_at=now,
+        launched_at=now,
         heartbeat_at=now,
+        attempt=1,
+        worker_host="panels-test",
     )
 
 
@@ -91,7 +93,10 @@ def test_diagnosis_strip_expands_and_events_filter_and_search(tmp_path):
             chip = page.locator("#diagnosis .diagnosis[data-topic='saturation']")
             assert chip.get_attribute("data-verdict") == "saturated_top"
             assert "Saturated at the top" in chip.inner_text()
-            assert page.locator("#diagnosis .diagnosis").count() == 3  # bottleneck, saturation, clipping
+            topics = page.eval_on_selector_all(
+                "#diagnosis .diagnosis", "els => els.map(e => e.dataset.topic)"
+            )
+            assert topics == ["bottleneck", "concurrency", "saturation", "clipping"]
             assert page.locator("#diagnosis-panel").bounding_box()["height"] < 80
             assert not page.is_visible("#diagnosis-details .diagnosis[data-topic='saturation']")
 
