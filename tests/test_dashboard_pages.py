@@ -12,7 +12,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from controlplane.runs import services
-from controlplane.runs.models import Run
+from controlplane.runs.models import Run, RunEventKind
 from controlplane.runs.services import ingest
 
 pytestmark = pytest.mark.django_db
@@ -107,6 +107,51 @@ def test_diagnosis_endpoint_applies_the_rules_to_the_latest_steps():
     assert "clipped_ratio" in verdicts["saturation"]["advice"]
     assert verdicts["clipping"]["verdict"] == "truncated"
     assert api_for(bob).get(f"/api/v1/runs/{run.pk}/diagnosis/").status_code == 404
+    # every evidence key comes with the spec's name or plain words, never an internal key
+    labels = verdicts["saturation"]["labels"]
+    assert set(labels) == set(verdicts["saturation"]["evidence"])
+    assert labels["reward_range:lo"] == "lowest reward (the reward range)"
+    assert labels["frac_reward_zero_std"] == "frac_reward_zero_std"
+
+
+def test_events_filter_by_kind_and_search_server_side():
+    alice, bob = make_user("alice"), make_user("bob")
+    run = make_run(alice)
+    services.run_event_create(run_id=run.pk, kind=RunEventKind.STATUS, message="queued -> running")
+    services.run_event_create(run_id=run.pk, kind=RunEventKind.LOG, message="INFO trainer: step 1 loss 0.5")
+    services.run_event_create(
+        run_id=run.pk, kind=RunEventKind.LOG, message="ERROR trainer: CUDA out of memory"
+    )
+    services.run_event_create(run_id=run.pk, kind=RunEventKind.ERROR, message="trainer exited: Out Of Memory")
+    api = api_for(alice)
+    url = f"/api/v1/runs/{run.pk}/events/"
+
+    def messages(query: str) -> list[str]:
+        response = api.get(url + query)
+        assert response.status_code == 200, response.content
+        return [e["message"] for e in response.json()]
+
+    assert len(messages("")) == 4
+    assert len(messages("?kind=&q=")) == 4  # empty filters: everything
+    assert messages("?kind=log") == ["INFO trainer: step 1 loss 0.5", "ERROR trainer: CUDA out of memory"]
+    assert messages("?q=out%20of%20memory") == [
+        "ERROR trainer: CUDA out of memory",
+        "trainer exited: Out Of Memory",
+    ]
+    assert messages("?kind=error&q=memory") == ["trainer exited: Out Of Memory"]
+    assert messages("?kind=status&q=memory") == []
+    first = api.get(url).json()[0]["id"]
+    assert messages(f"?after_id={first}&kind=log&q=step") == ["INFO trainer: step 1 loss 0.5"]
+    assert api.get(url + "?kind=nope").status_code == 400
+    assert api.get(url + "?q=" + "x" * 201).status_code == 400
+    assert api_for(bob).get(url + "?kind=log").status_code == 404
+    # the page's kind filter offers every kind (and "all"); the diagnosis starts as a closed strip
+    html = browser_for(alice).get(f"/runs/{run.pk}/").content.decode()
+    options = html[html.index('id="event-kind"') : html.index("</select>", html.index('id="event-kind"'))]
+    assert '<option value="">all</option>' in options
+    for kind in RunEventKind.values:
+        assert f'<option value="{kind}">' in options, kind
+    assert '<details id="diagnosis-panel">' in html and 'id="event-search"' in html
 
 
 def test_run_list_shows_progress_and_last_reward_and_compare_overlays_own_runs():

@@ -197,16 +197,23 @@ def test_saturation_saturated_top():
     assert d.evidence["reward:change"] == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize(
-    ("dropped", "cause"),
-    [(0.5, "constant reward"), (1.0, "saturated at the top"), (0.0, "too hard")],
-)
+@pytest.mark.parametrize(("dropped", "cause"), [(0.5, "constant reward"), (0.0, "too hard")])
 def test_saturation_every_group_dropped_names_the_stall_and_its_cause(dropped, cause):
     # Recorded as a stalled run logs it: only the waiting lines' rollout metrics, no reward of kept groups.
     series = {"frac_reward_zero_std": const(1.0, n=3), "reward_dropped": const(dropped, n=3)}
     d = one(series, "saturation", reward_range=(0.0, 1.0))
     assert (d.verdict, d.severity) == ("all_dropped", "warn")
     assert "no step can train" in d.title and cause in d.advice
+
+
+def test_saturation_every_group_dropped_at_the_top_is_saturated_at_the_top():
+    # Issue 22: reward ~ 1 with frac_reward_zero_std ~ 1 is the spec's "saturated at the top" case,
+    # named so in the verdict and the title (it used to be the generic "all_dropped" stall).
+    series = {"frac_reward_zero_std": const(1.0, n=3), "reward_dropped": const(1.0, n=3)}
+    d = one(series, "saturation", reward_range=(0.0, 1.0))
+    assert (d.verdict, d.severity) == ("saturated_top", "warn")
+    assert d.title.startswith("Saturated at the top") and "no step can train" in d.title
+    assert "harder prompts" in d.advice
 
 
 def test_saturation_stuck_bottom():

@@ -5,10 +5,16 @@ curves together. This module turns those tables into rules over a window of the 
 
 * ``bottleneck``: ``rollout/queue_size`` with the two mirror-image waits, ``perf/rollout_wait_s``
   (trainer waited on an empty queue) and ``rollout/backpressure_s`` (generation waited on staleness);
-* ``concurrency``: which of the three limits on rollouts in flight binds;
-* ``saturation``: ``frac_reward_zero_std``, ``reward_dropped`` and ``reward`` against the reward range;
-* ``duplicates``: ``completions/duplicate_frac`` and ``entropy`` (collapse vs. non-random sampling);
+* ``concurrency``: which of the three limits on rollouts in flight binds; its staleness reading is
+  the bottleneck card's verdict, so the two never disagree on the same waits;
+* ``saturation``: ``frac_reward_zero_std``, ``reward_dropped`` and ``reward`` against the reward range
+  (also the end state of "saturated at the top": both at the top, no longer climbing);
+* ``duplicates``: ``completions/duplicate_frac`` and ``entropy`` (collapse vs. non-random sampling),
+  with ``completions/mean_length`` (short answers repeat when right; only a jump is non-random);
 * ``clipping``: ``completions/clipped_ratio``.
+
+The verdicts' words (titles, advice, plain labels of the evidence keys) are in
+:mod:`trainer.diagnosis_words`.
 
 The spec says "high", "near the top", "climbing"; the numbers that make those words concrete are
 the module constants below. Waits are read as a fraction of the step time, levels as a position in
@@ -21,13 +27,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from trainer.diagnosis_words import BOTH_HOLD, BOTTLENECK, CONCURRENCY, DUPLICATES, SATURATION
 from trainer.metrics import (
     BATCH_SAMPLES_PER_STEP,
     COMPLETIONS_CLIPPED_RATIO,
     COMPLETIONS_DUPLICATE_FRAC,
+    COMPLETIONS_MEAN_LENGTH,
     ENTROPY,
     FRAC_REWARD_ZERO_STD,
     PERF_ROLLOUT_WAIT_S,
@@ -94,6 +102,10 @@ DUP_HEALTHY_OF_CEILING = 0.15
 DUP_NOT_RANDOM_OF_CEILING = 0.60
 DUP_RISE_OF_CEILING = 0.05  # change over the window that counts as "slowly rising"
 ENTROPY_FALL_REL = 0.10  # entropy falling by 10% of its window mean over the window
+# Short answers (a number, a word) repeat token for token whenever the policy gets them right, so their
+# duplicate level says nothing about sampling; only the spec's *jump* toward the ceiling does.
+SHORT_ANSWER_TOKENS = 32.0  # completions/mean_length at or under this is "short"
+DUP_JUMP_OF_CEILING = 0.30  # rise of the recent level over the window's first points that is a jump
 RECENT_POINTS = 5  # "current level" = mean of the last few points, so a jump shows before the mean moves
 
 # ---- clipping ------------------------------------------------------------------------------------
@@ -226,33 +238,6 @@ def _queue_fill(w: Mapping[str, Points], cfg: Mapping[str, int]) -> float | None
     return _mean(w[ROLLOUT_QUEUE_SIZE]) / StalenessPolicy(max_staleness=cfg["max_staleness"]).lead(per_step)
 
 
-BOTTLENECK = {
-    "generation_bound": (
-        "Generation-bound: the trainer is starved",
-        "warn",
-        "The queue is nearly empty and the trainer waits for samples. Check "
-        "rollout/generated_tokens_per_s, rollout/concurrency and rollout/score_queue_size.",
-    ),
-    "trainer_bound": (
-        "Trainer-bound: generation is held back by max_staleness",
-        "info",
-        "The queue holds about max_staleness steps of samples and generation waits; "
-        "sample/staleness_mean sits near the cap. Expected when inference is faster than training.",
-    ),
-    "staleness_too_tight": (
-        "Both sides wait: max_staleness is too strict",
-        "warn",
-        "Rollouts in flight fill the staleness allowance before their samples reach the queue, so the "
-        "trainer waits while generation is held back. Raise max_staleness.",
-    ),
-    "balanced": (
-        "Balanced: neither side waits",
-        "ok",
-        "Nothing to do.",
-    ),
-}
-
-
 def _bottleneck_verdict(rw: str, bp: str, fill: float | None, rw_x: float, bp_x: float) -> tuple[str, bool]:
     """(verdict, exact) from the two wait levels; in the grey zone, lean on the queue, then the waits."""
     if rw == "high" and bp == "high":
@@ -298,38 +283,27 @@ def _bottleneck(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | 
 
 
 # ==== concurrency =====================================================================================
-CONCURRENCY = {
-    "staleness_limit": (
-        "Staleness limits generation",
-        "info",
-        "rollout/backpressure_s > 0: generation is ahead of training by max_staleness steps. Expected "
-        "when inference is faster than training.",
-    ),
-    "server_load": (
-        "vLLM server load limits concurrency",
-        "info",
-        "rollout/concurrency_cap is below max_concurrent_rollouts: the controller keeps the KV cache "
-        "from overfilling. Lowering --max-model-len or adding server GPUs leaves room for more rollouts.",
-    ),
-    "max_concurrent_rollouts_ceiling": (
-        "max_concurrent_rollouts is the ceiling",
-        "warn",
-        "Rollouts in flight sit at max_concurrent_rollouts while the KV cache has room and the trainer "
-        "waits. Raise max_concurrent_rollouts if the environment and tools allow it.",
-    ),
-    "none": (
-        "No concurrency limit is binding",
-        "ok",
-        "Nothing to do.",
-    ),
-}
+# Bottleneck verdicts in which max_staleness holds generation back: the concurrency card's
+# "staleness limit" reading. Read from the bottleneck card's verdict so the two cards never disagree
+# on the same two waits (the old, separate reading named staleness on any backpressure while the
+# bottleneck card called the same window generation-bound).
+STALENESS_BINDS = frozenset({"trainer_bound", "staleness_too_tight"})
 
 
-def _concurrency_verdict(w: Mapping[str, Points], cfg: Mapping[str, int], step_s: float | None) -> str:
-    """The first of the spec's three readings that holds, in the spec's order; else "none"."""
+def _concurrency_verdict(
+    w: Mapping[str, Points], cfg: Mapping[str, int], step_s: float | None, bottleneck: Diagnosis | None
+) -> str:
+    """The first of the spec's three readings that holds, in the spec's order; else "none".
+
+    Staleness binds when the bottleneck card says generation waits on max_staleness; without a
+    bottleneck reading (perf/rollout_wait_s absent), when rollout/backpressure_s is not negligible.
+    """
     hard = cfg["max_concurrent_rollouts"]
     running = _mean(w[ROLLOUT_CONCURRENCY]) if ROLLOUT_CONCURRENCY in w else None
-    if ROLLOUT_BACKPRESSURE_S in w and _wait_level(_mean(w[ROLLOUT_BACKPRESSURE_S]), step_s) != "low":
+    if bottleneck is not None:
+        if bottleneck.verdict in STALENESS_BINDS:
+            return "staleness_limit"
+    elif ROLLOUT_BACKPRESSURE_S in w and _wait_level(_mean(w[ROLLOUT_BACKPRESSURE_S]), step_s) != "low":
         return "staleness_limit"
     if ROLLOUT_CONCURRENCY_CAP in w:
         cap = _mean(w[ROLLOUT_CONCURRENCY_CAP])
@@ -344,9 +318,13 @@ def _concurrency_verdict(w: Mapping[str, Points], cfg: Mapping[str, int], step_s
     return "none"
 
 
-def _concurrency(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | None:
+def _concurrency(
+    w: Mapping[str, Points], cfg: Mapping[str, int], bottleneck: Diagnosis | None = None
+) -> Diagnosis | None:
     """Spec "Concurrency": staleness, vLLM load or max_concurrent_rollouts, whichever binds.
 
+    ``bottleneck`` is this window's bottleneck verdict: the staleness reading follows it (one verdict
+    from the same two waits), and the advice says how both cards hold together.
     A missing KV-usage metric (server without /metrics) does not block the ceiling reading: the cap is
     then max_concurrent_rollouts itself.
     """
@@ -354,13 +332,15 @@ def _concurrency(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis |
     if not any(n in w for n in names):
         return None
     step_s = _mean(w[PERF_STEP_S]) if PERF_STEP_S in w else None
-    verdict = _concurrency_verdict(w, cfg, step_s)
+    verdict = _concurrency_verdict(w, cfg, step_s, bottleneck)
     ev: dict[str, float] = {}
     for name in (*names, ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC, PERF_ROLLOUT_WAIT_S, PERF_STEP_S):
         if name in w:
             ev[name] = _mean(w[name])
     ev["config/max_concurrent_rollouts"] = float(cfg["max_concurrent_rollouts"])
     title, severity, advice = CONCURRENCY[verdict]
+    if bottleneck is not None:
+        advice += BOTH_HOLD.get((verdict, bottleneck.verdict), "")
     return Diagnosis("concurrency", verdict, title, severity, ev, advice)
 
 
@@ -379,50 +359,6 @@ def infer_reward_range(series: Mapping[str, Sequence[tuple[int, float | None]]])
     return lo, hi
 
 
-SATURATION = {
-    "all_dropped": (
-        "Every group is dropped: no step can train",
-        "warn",
-        "Every completion of each group got the same reward (frac_reward_zero_std = 1), so no group gives a "
-        "gradient and the trainer waits for one that does.",
-    ),
-    "healthy": (
-        "Healthy: most groups produce a gradient",
-        "ok",
-        "Nothing to do.",
-    ),
-    "saturated_top": (
-        "Saturated at the top: prompts became too easy",
-        "warn",
-        "Almost every rollout solves its prompt; successful runs usually end this way. Stop the run or "
-        "switch to harder prompts.",
-    ),
-    "stuck_bottom": (
-        "Stuck at the bottom: prompts too hard or the reward gives no credit",
-        "warn",
-        "Check completions/clipped_ratio first (a completion cut before its answer scores 0), then read a "
-        "few completions to see that the reward function parses them.",
-    ),
-    "regression": (
-        "Regression: groups that used to pass now fail together",
-        "warn",
-        "Check completions/duplicate_frac and entropy for collapse.",
-    ),
-    "mixed": (
-        "Mixed: some prompts too easy, some too hard",
-        "info",
-        "With 0/1 rewards some prompts are too easy and others too hard; with partial-credit rewards groups "
-        "may sit on the same partial score. Read the rollouts.",
-    ),
-    "unclear": (
-        "No saturation pattern matches clearly",
-        "info",
-        "Many groups are dropped but the curves match none of the spec's patterns; read "
-        "frac_reward_zero_std, reward_dropped and reward together against the reward range.",
-    ),
-}
-
-
 @dataclass(frozen=True)
 class _SatState:
     """The words of the spec's saturation table, computed from the window."""
@@ -433,6 +369,7 @@ class _SatState:
     dropped_trend: str | None
     reward_low: bool | None
     reward_trend: str | None
+    reward_top: bool | None = None  # reward near the top of the range (the end state of saturation)
 
 
 def _position(value: float, lo: float, hi: float) -> float:
@@ -450,6 +387,16 @@ SATURATION_RULES: tuple[tuple[str, tuple[Callable[[_SatState], bool], ...]], ...
             lambda s: s.frac_trend == "climbing",
             lambda s: s.dropped_pos == "top",
             lambda s: s.reward_trend == "climbing",
+        ),
+    ),
+    (
+        # The same case once it has arrived: frac no longer climbs because it is already high, and the
+        # reward sits at the top instead of climbing towards it (reward ~ 1, frac_reward_zero_std ~ 1).
+        "saturated_top",
+        (
+            lambda s: s.frac_level == "high",
+            lambda s: s.dropped_pos == "top" or (s.dropped_pos is None and s.reward_top is True),
+            lambda s: s.reward_top is True,
         ),
     ),
     (
@@ -519,14 +466,21 @@ def _saturation(w: Mapping[str, Points], reward_range: tuple[float, float]) -> D
         dropped_trend=dropped[1] if dropped else None,
         reward_low=reward[0] <= NEAR_BOTTOM if reward else None,
         reward_trend=reward[1] if reward else None,
+        reward_top=reward[0] >= NEAR_TOP if reward else None,
     )
     if _recent(w[FRAC_REWARD_ZERO_STD]) >= ALL_DROPPED_FRAC:
+        solved = dropped or reward  # where the groups sit; the kept reward when no dropped mean is logged
+        if solved is not None and _band(solved[0]) == "top":
+            # The spec's "saturated at the top", in its final state: named as such, not as a stall.
+            title, severity, advice = SATURATION["saturated_top_stalled"]
+            return Diagnosis("saturation", "saturated_top", title, severity, ev, advice)
         title, severity, advice = SATURATION["all_dropped"]
         return Diagnosis("saturation", "all_dropped", title, severity, ev, advice + _why_all_dropped(dropped))
     verdict, exact = _saturation_verdict(state)
     title, severity, advice = SATURATION[verdict]
     if not exact:
-        title, severity = f"Partly: {title[0].lower()}{title[1:]}", "info"
+        # No colon after "Partly": the page's strip shows a title up to its first colon.
+        title, severity = f"Partly {title[0].lower()}{title[1:]}", "info"
     return Diagnosis("saturation", verdict, title, severity, ev, advice)
 
 
@@ -543,33 +497,6 @@ def _why_all_dropped(dropped: tuple[float, str] | None) -> str:
 
 
 # ==== duplicates ======================================================================================
-DUPLICATES = {
-    "healthy": (
-        "Healthy: rollouts of a group are sampled independently",
-        "ok",
-        "Nothing to do (a small baseline is normal when completions are short enough to repeat by chance).",
-    ),
-    "not_random": (
-        "Sampling is no longer random: groups are copies of one rollout",
-        "warn",
-        "completions/duplicate_frac jumped toward (num_generations - 1) / num_generations. Check for "
-        "temperature 0, or data-parallel vLLM engines sharing a sampling seed.",
-    ),
-    "collapse": (
-        "Collapse: the policy converges to one answer per prompt",
-        "warn",
-        "completions/duplicate_frac rises slowly while entropy falls. Duplicates also raise "
-        "frac_reward_zero_std, so fewer groups teach the policy anything.",
-    ),
-    "unclear": (
-        "Duplicates above baseline, no clear pattern",
-        "info",
-        "completions/duplicate_frac is above the baseline but neither jumped to the ceiling nor rises with "
-        "falling entropy; read a few groups.",
-    ),
-}
-
-
 def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | None:
     """Spec "Saturation and duplicates", second table: duplicate_frac (and entropy)."""
     name = COMPLETIONS_DUPLICATE_FRAC
@@ -586,16 +513,38 @@ def _duplicates(w: Mapping[str, Points], cfg: Mapping[str, int]) -> Diagnosis | 
         rel = _change(w[ENTROPY]) / abs(entropy) if entropy else 0.0
         entropy_falling = rel <= -ENTROPY_FALL_REL
         ev.update({ENTROPY: entropy, f"{ENTROPY}:change_rel": rel})
+    short = _explained_by_short_answers(w, ev, recent, ceiling)
     if recent >= DUP_NOT_RANDOM_OF_CEILING * ceiling:
-        verdict = "not_random"
+        verdict = "short_answers" if short else "not_random"
     elif change >= DUP_RISE_OF_CEILING * ceiling and entropy_falling:
         verdict = "collapse"
     elif recent <= DUP_HEALTHY_OF_CEILING * ceiling:
         verdict = "healthy"
     else:
-        verdict = "unclear"
+        verdict = "short_answers" if short else "unclear"
     title, severity, advice = DUPLICATES[verdict]
     return Diagnosis("duplicates", verdict, title, severity, ev, advice)
+
+
+def _explained_by_short_answers(
+    w: Mapping[str, Points], ev: dict[str, float], recent: float, ceiling: float
+) -> bool:
+    """True when a duplicate level is short answers repeating rather than sampling that stopped being
+    random: completions/mean_length is short and the level did not jump within the window (a run at
+    temperature 0 from its first step cannot be told apart this way; the advice says what to check).
+    Adds its numbers to ``ev``. Without completions/mean_length the level alone decides, as the
+    spec's table reads.
+
+    Not checked against frac_reward_zero_std: a group of 3 right answers and 1 wrong one holds copies
+    and still gives a gradient, so short correct answers repeat in groups that are not dropped too.
+    """
+    if COMPLETIONS_MEAN_LENGTH not in w:
+        return False
+    length = _mean(w[COMPLETIONS_MEAN_LENGTH])
+    points = w[COMPLETIONS_DUPLICATE_FRAC]
+    jump = recent - _mean(points[:RECENT_POINTS]) if len(points) > RECENT_POINTS else 0.0
+    ev.update({COMPLETIONS_MEAN_LENGTH: length, f"{COMPLETIONS_DUPLICATE_FRAC}:jump": jump})
+    return length <= SHORT_ANSWER_TOKENS and jump < DUP_JUMP_OF_CEILING * ceiling
 
 
 # ==== clipping ========================================================================================
@@ -641,11 +590,22 @@ def diagnose(
     lo, hi = float(reward_range[0]), float(reward_range[1])
     if not hi > lo:
         raise ValueError(f"reward_range={reward_range}: max must exceed min")
+    bottleneck = _bottleneck(w, cfg)
     found = [
-        _bottleneck(w, cfg),
-        _concurrency(w, cfg),
+        bottleneck,
+        _concurrency(w, cfg, bottleneck),
         _saturation(w, (lo, hi)),
         _duplicates(w, cfg),
         _clipping(w),
     ]
-    return [d for d in found if d is not None]
+    return _cross_read([d for d in found if d is not None])
+
+
+def _cross_read(found: list[Diagnosis]) -> list[Diagnosis]:
+    """Cards whose cause another card names: copies of one rollout (duplicates "not_random") also drop
+    every group, so an "all_dropped" saturation says so instead of blaming the reward."""
+    verdicts = {d.topic: d.verdict for d in found}
+    if verdicts.get("duplicates") == "not_random" and verdicts.get("saturation") == "all_dropped":
+        note = " Here the groups are copies of one rollout (see the duplicates card): fix the sampling first."
+        found = [replace(d, advice=d.advice + note) if d.topic == "saturation" else d for d in found]
+    return found

@@ -24,10 +24,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from worker import log_records
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -93,14 +94,19 @@ class ManagedProcess:
         return self.proc.returncode
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the log file (for failure reasons)."""
+        """About the last ``lines`` lines of the log file (for failure reasons and exit events), in
+        whole records (:func:`worker.log_records.log_tail`: the last traceback whole, httpx request
+        lines left out)."""
         if self.log_path is None or not self.log_path.exists():
             return ""
         with open(self.log_path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64_000))
-            tail = deque(fh.read().decode("utf-8", "replace").splitlines(), maxlen=lines)
-        return "\n".join(tail)
+            start = max(0, fh.tell() - 64_000)
+            fh.seek(start)
+            data = fh.read()
+        if start > 0:
+            data = data[data.find(b"\n") + 1 :]  # from the first whole line
+        return log_records.log_tail(data, max_lines=lines)
 
 
 def _signal_group(pid: int, sig: int) -> None:

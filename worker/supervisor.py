@@ -55,6 +55,7 @@ from django.db import DatabaseError, close_old_connections
 from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
+from worker import log_records
 from worker.launch import devices_env, trainer_command, vllm_placement_flags
 from worker.processes import ManagedProcess, group_members, http_ok
 from worker.tailer import INGEST_POLL_S, RunOutputTailer
@@ -445,7 +446,9 @@ class RunSupervisor:
         return result["value"]
 
     def _maybe_log_event(self) -> None:
-        """Every ``LOG_EVENT_EVERY_S``, the trainer log's new lines (last few) as one event."""
+        """Every ``LOG_EVENT_EVERY_S``, the trainer log's new whole records (the latest few, and any
+        traceback) as one event (:mod:`worker.log_records`: cut at record boundaries, httpx request
+        lines left out; a record still being written waits for the next event)."""
         now = time.monotonic()
         if now < self._next_log_event or self.trainer is None or self.trainer.log_path is None:
             return
@@ -456,17 +459,17 @@ class RunSupervisor:
                 new = fh.read()
         except OSError:
             return
-        lines = [line for line in new.decode("utf-8", "replace").splitlines() if line.strip()]
-        if lines:
+        exited = self.trainer.proc is None or self.trainer.proc.poll() is not None  # nothing more will come
+        cut = log_records.cut_records(new, final=exited)
+        message = log_records.event_message(cut.records)
+        if message:
             written = self._through_db_blips(
-                lambda: services.run_event_create(
-                    run_id=self.run_id, kind=RunEventKind.LOG, message="\n".join(lines[-20:])
-                ),
+                lambda: services.run_event_create(run_id=self.run_id, kind=RunEventKind.LOG, message=message),
                 what="the trainer log's event",
             )
             if written is DEFERRED:
-                return  # the same lines (and any newer) go with the next event
-        self._log_offset += len(new)
+                return  # the same records (and any newer) go with the next event
+        self._log_offset += cut.used_bytes
 
     def _through_db_blips(self, write: Callable[[], T], *, what: str) -> T | object:
         """``write()``'s result, or ``DEFERRED`` when the database refused it (restarting, or this

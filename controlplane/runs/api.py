@@ -346,7 +346,12 @@ class RunEventsApi(APIView):
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = EventsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        events = selectors.run_event_list(run=run, after_id=query.validated_data.get("after_id"))
+        events = selectors.run_event_list(
+            run=run,
+            after_id=query.validated_data.get("after_id"),
+            kind=query.validated_data.get("kind"),
+            q=query.validated_data.get("q"),
+        )
         return Response(EventOutputSerializer(events, many=True).data)
 
 

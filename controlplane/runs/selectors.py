@@ -207,6 +207,7 @@ def run_metric_columns(
 def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]]:
     """The spec's diagnosis tables (:mod:`trainer.diagnosis`) applied to the run's latest steps."""
     from trainer import diagnosis
+    from trainer.diagnosis_words import evidence_labels
 
     window = window or diagnosis.DEFAULT_WINDOW_STEPS
     last_step = MetricPoint.objects.filter(run=run).aggregate(step=Max("step"))["step"]
@@ -220,6 +221,7 @@ def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]
     verdicts = [d.as_dict() for d in diagnosis.diagnose(series, config=config, window=window)]
     for verdict in verdicts:  # JSON has no NaN/inf
         verdict["evidence"] = {k: finite_or_none(v) for k, v in verdict["evidence"].items()}
+        verdict["labels"] = evidence_labels(verdict["evidence"])
     return verdicts
 
 
@@ -302,12 +304,24 @@ def run_completion_list(
     return samples.order_by("-step", "index")
 
 
-def run_event_list(*, run: Run, limit: int = 200, after_id: int | None = None) -> list[RunEvent]:
+def run_event_list(
+    *,
+    run: Run,
+    limit: int = 200,
+    after_id: int | None = None,
+    kind: str | None = None,
+    q: str | None = None,
+) -> list[RunEvent]:
     """The run's latest ``limit`` events, oldest first; with ``after_id``, only events with a larger id
-    (what a reconnecting page missed)."""
+    (what a reconnecting page missed); with ``kind``, only that kind; with ``q``, only events whose
+    message contains ``q`` in any case (the latest ``limit`` matches, not matches among the latest)."""
     events = RunEvent.objects.filter(run=run)
     if after_id is not None:
         events = events.filter(id__gt=after_id)
+    if kind:
+        events = events.filter(kind=kind)
+    if q:
+        events = events.filter(message__icontains=q)
     return list(events.order_by("-created_at", "-id")[:limit])[::-1]
 
 

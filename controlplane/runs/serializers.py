@@ -19,6 +19,7 @@ from controlplane.runs.models import (
     CompletionSample,
     Run,
     RunEvent,
+    RunEventKind,
     RunStatus,
 )
 from controlplane.runs.selectors import RUN_LIST_ORDERINGS, run_max_steps
@@ -323,6 +324,15 @@ class EventsQuerySerializer(serializers.Serializer):
     after_id = serializers.IntegerField(
         required=False, min_value=0, max_value=2**63 - 1, help_text="only events with a larger id"
     )
+    kind = serializers.ChoiceField(
+        choices=RunEventKind.choices, required=False, allow_blank=True, help_text="only events of this kind"
+    )
+    q = serializers.CharField(
+        required=False,
+        allow_blank=True,  # an empty search box: every event
+        max_length=200,
+        help_text="only events whose message contains this (any case)",
+    )
 
 
 class CheckpointOutputSerializer(serializers.ModelSerializer):
@@ -371,6 +381,9 @@ class DiagnosisOutputSerializer(serializers.Serializer):
     title = serializers.CharField()
     severity = serializers.ChoiceField(choices=["ok", "info", "warn"])
     evidence = serializers.DictField(child=serializers.FloatField(allow_null=True))
+    labels = serializers.DictField(
+        child=serializers.CharField(), help_text="evidence key -> the spec's name or plain words for it"
+    )
     advice = serializers.CharField()
 
 

@@ -1,7 +1,7 @@
 // The run dashboard: history over REST, then only what is new over the run's websocket.
 //
 //   GET  {api}metrics/?layout=columns   every series, as parallel step/value arrays
-//   GET  {api}completions/, events/, diagnosis/
+//   GET  {api}completions/, events/?kind=&q= (the events panel's filter), diagnosis/
 //   GET  {catalogue}                    the metric catalogue: chart groups, their order, title tooltips
 //   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
 //
@@ -283,18 +283,68 @@
   document.getElementById("completion-step").addEventListener("change", renderCompletions);
 
   // ---------------------------------------------------------------- events and log tail
-  function addEvent(e, { prepend = false } = {}) {
+  // The kind filter and the search box ask the server (events/?kind=&q=) and redraw the table; live
+  // events are shown when they match the same filter. Rows stay in id order whatever arrives first.
+  const eventFilter = { kind: "", q: "", seq: 0 };
+
+  function eventQuery(params = {}) {
+    const query = new URLSearchParams(params);
+    if (eventFilter.kind) query.set("kind", eventFilter.kind);
+    if (eventFilter.q) query.set("q", eventFilter.q);
+    const text = query.toString();
+    return `events/${text ? `?${text}` : ""}`;
+  }
+
+  function eventMatches(e) {
+    if (eventFilter.kind && e.kind !== eventFilter.kind) return false;
+    return !eventFilter.q || (e.message || "").toLowerCase().includes(eventFilter.q.toLowerCase());
+  }
+
+  function addEvent(e) {
     if (e.id !== undefined && e.id !== null) {
       if (state.eventIds.has(e.id)) return;
       state.eventIds.add(e.id);
       if (e.id > state.lastEventId) state.lastEventId = e.id;
     }
+    if (!eventMatches(e)) return;
     const body = document.getElementById("events");
     const time = e.created_at ? new Date(e.created_at).toLocaleTimeString() : "";
-    const row = el("tr", { "data-kind": e.kind }, el("td", { text: time }), el("td", { text: e.kind }), el("td", {}, el("pre", { text: e.message })));
-    body.insertBefore(row, prepend ? body.firstChild : null);
+    const hasId = e.id !== undefined && e.id !== null;
+    const row = el("tr", { "data-kind": e.kind, ...(hasId ? { "data-id": String(e.id) } : {}) },
+      el("td", { text: time }), el("td", { text: e.kind }), el("td", {}, el("pre", { text: e.message })));
+    const later = hasId ? [...body.children].find((r) => r.dataset.id && Number(r.dataset.id) > e.id) : null;
+    body.insertBefore(row, later || null);
     while (body.children.length > MAX_EVENTS) body.removeChild(body.firstChild);
+    document.getElementById("events-empty").hidden = true;
   }
+
+  async function refilterEvents() {
+    eventFilter.kind = document.getElementById("event-kind").value;
+    eventFilter.q = document.getElementById("event-search").value.trim();
+    const seq = ++eventFilter.seq;
+    // Emptied now, not when the answer comes: a live event arriving meanwhile is kept (and the answer,
+    // which may hold it too, is deduplicated against it).
+    document.getElementById("events").replaceChildren();
+    state.eventIds.clear();
+    let events;
+    try {
+      events = await getJSON(eventQuery());
+    } catch (err) {
+      console.warn("events", err);
+      return;
+    }
+    if (seq !== eventFilter.seq) return; // a newer filter is under way
+    for (const e of events) addEvent(e);
+    const shown = document.getElementById("events").children.length;
+    document.getElementById("events-empty").hidden = shown > 0 || (!eventFilter.kind && !eventFilter.q);
+  }
+
+  let eventSearchTimer = 0;
+  document.getElementById("event-kind").addEventListener("change", refilterEvents);
+  document.getElementById("event-search").addEventListener("input", () => {
+    clearTimeout(eventSearchTimer);
+    eventSearchTimer = setTimeout(refilterEvents, 250);
+  });
 
   // ---------------------------------------------------------------- placement
   // Where the run runs (host, GPUs of vLLM and of each trainer rank) and why a queued run waits;
@@ -355,13 +405,29 @@
     }
   }
 
+  // The strip: one chip per topic, the verdict's short name (its title up to the colon) coloured by
+  // severity; the panel opens on the full cards: the numbers under the spec's names or plain words
+  // (the API's labels; the raw key is the row's tooltip) and the spec's advice.
+  const TOPIC_NAMES = {
+    bottleneck: "Bottleneck",
+    concurrency: "Concurrency",
+    saturation: "Saturation",
+    duplicates: "Duplicates",
+    clipping: "Truncation",
+  };
+
   function renderDiagnosis(items) {
-    const box = document.getElementById("diagnosis");
     if (!items.length) return;
-    box.replaceChildren(...items.map((d) => {
-      const rows = Object.entries(d.evidence).map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td", { text: GrpoCharts.formatValue(v) })));
+    const name = (d) => TOPIC_NAMES[d.topic] || d.topic;
+    document.getElementById("diagnosis").replaceChildren(...items.map((d) =>
+      el("span", { class: `diagnosis chip sev-${d.severity}`, "data-topic": d.topic, "data-verdict": d.verdict, title: d.title },
+        el("span", { class: "help", text: `${name(d)}: ` }), d.title.split(":")[0])));
+    document.getElementById("diagnosis-details").replaceChildren(...items.map((d) => {
+      const labels = d.labels || {};
+      const rows = Object.entries(d.evidence).map(([k, v]) =>
+        el("tr", { "data-key": k }, el("td", { text: labels[k] || k, title: k }), el("td", { text: GrpoCharts.formatValue(v) })));
       return el("div", { class: `diagnosis sev-${d.severity}`, "data-topic": d.topic, "data-verdict": d.verdict },
-        el("div", { class: "help", text: d.topic }),
+        el("div", { class: "help", text: name(d) }),
         el("strong", { text: d.title }),
         el("table", {}, el("tbody", {}, ...rows)),
         el("div", { class: "advice", text: d.advice }));
@@ -452,7 +518,7 @@
     const [metrics, completions, events] = await Promise.all([
       getJSON(`metrics/?layout=columns&since_step=${since}`),
       getJSON(`completions/?since_step=${since}&page_size=500`),
-      getJSON(`events/?after_id=${state.lastEventId}`),
+      getJSON(eventQuery({ after_id: state.lastEventId })),
     ]);
     loadMetricColumns(metrics.series);
     loadCompletionPage(completions.results);
@@ -484,7 +550,7 @@
       loadCatalogue(),
       getJSON("metrics/?layout=columns"),
       getJSON("completions/?page_size=500"),
-      getJSON("events/"),
+      getJSON(eventQuery()),
     ]);
     state.catalogue = GrpoCharts.catalogue(catalogue);
     loadMetricColumns(metrics.series);
