@@ -22,7 +22,7 @@ from controlplane.runs.models import (
     RunEventKind,
     RunStatus,
 )
-from controlplane.runs.selectors import RUN_LIST_ORDERINGS, run_max_steps
+from controlplane.runs.selectors import COMPLETION_FIELDS, RUN_LIST_ORDERINGS, run_max_steps
 from controlplane.runs.services.ingest import finite_or_none
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
 
@@ -301,17 +301,7 @@ class RunUpdateInputSerializer(serializers.Serializer):
 class CompletionOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = CompletionSample
-        fields = [
-            "step",
-            "index",
-            "prompt",
-            "completion",
-            "reward",
-            "rewards",
-            "advantage",
-            "group_id",
-            "row_index",
-        ]
+        fields = list(COMPLETION_FIELDS)  # the API's rows and the downloads' columns are one list
 
 
 class EventOutputSerializer(serializers.ModelSerializer):
