@@ -163,6 +163,30 @@ async def _viewer(url: str, expected: int, latencies: list[float], ready: asynci
             got += 1
 
 
+async def _start_viewers(
+    base: str, run_id: int, token: str, viewers: int, messages: int, latencies: list[float]
+) -> list[asyncio.Task]:
+    """``viewers`` websocket clients of the run, each collecting ``messages`` latencies (seconds);
+    returns their tasks once every one is connected."""
+    url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
+    ready = asyncio.Event()
+    counter = [0, viewers]
+    tasks = [asyncio.create_task(_viewer(url, messages, latencies, ready, counter)) for _ in range(viewers)]
+    await asyncio.wait_for(ready.wait(), timeout=60)
+    return tasks
+
+
+def _latency_summary(latencies: list[float]) -> dict:
+    """Deliveries and p50 / p95 / max in milliseconds of ``latencies`` (seconds)."""
+    ms = sorted(1000 * x for x in latencies)
+    return {
+        "deliveries": len(ms),
+        "p50_ms": round(ms[len(ms) // 2], 2),
+        "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
+        "max_ms": round(ms[-1], 2),
+    }
+
+
 async def _bench_latency(
     base: str, run_id: int, token: str, viewers: int, messages: int, rate: float
 ) -> dict:
@@ -170,12 +194,8 @@ async def _bench_latency(
 
     from controlplane.runs.services import ingest
 
-    url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
     latencies: list[float] = []
-    ready = asyncio.Event()
-    counter = [0, viewers]
-    tasks = [asyncio.create_task(_viewer(url, messages, latencies, ready, counter)) for _ in range(viewers)]
-    await asyncio.wait_for(ready.wait(), timeout=60)
+    tasks = await _start_viewers(base, run_id, token, viewers, messages, latencies)
     values = {f"bench/metric_{i}": float(i) for i in range(49)}
 
     def publish(step: int) -> None:
@@ -186,16 +206,7 @@ async def _bench_latency(
         await sync_to_async(publish)(step)
         await asyncio.sleep(max(0.0, started + step / rate - time.monotonic()))
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
-    ms = sorted(1000 * x for x in latencies)
-    return {
-        "viewers": viewers,
-        "messages": messages,
-        "rate_per_s": rate,
-        "deliveries": len(ms),
-        "p50_ms": round(ms[len(ms) // 2], 2),
-        "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
-        "max_ms": round(ms[-1], 2),
-    }
+    return {"viewers": viewers, "messages": messages, "rate_per_s": rate, **_latency_summary(latencies)}
 
 
 async def _bench_file_delivery(
@@ -204,12 +215,8 @@ async def _bench_file_delivery(
     from trainer.sinks import JsonlSink
     from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
-    url = base.replace("http", "ws") + f"/ws/runs/{run_id}/?token={token}"
     latencies: list[float] = []
-    ready = asyncio.Event()
-    counter = [0, viewers]
-    tasks = [asyncio.create_task(_viewer(url, messages, latencies, ready, counter)) for _ in range(viewers)]
-    await asyncio.wait_for(ready.wait(), timeout=60)
+    tasks = await _start_viewers(base, run_id, token, viewers, messages, latencies)
     stop = threading.Event()
 
     def supervise() -> None:  # RunSupervisor._watch's ingest, on its own thread and connection
@@ -237,16 +244,12 @@ async def _bench_file_delivery(
     finally:
         stop.set()
         supervisor.join(timeout=30)
-    ms = sorted(1000 * x for x in latencies)
     return {
         "viewers": viewers,
         "messages": messages,
         "rate_per_s": rate,
         "poll_s": INGEST_POLL_S,
-        "deliveries": len(ms),
-        "p50_ms": round(ms[len(ms) // 2], 2),
-        "p95_ms": round(ms[int(len(ms) * 0.95)], 2),
-        "max_ms": round(ms[-1], 2),
+        **_latency_summary(latencies),
     }
 
 

@@ -12,12 +12,12 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 
 from controlplane.runs import services
-from controlplane.runs.models import Run, RunEventKind, RunStatus
+from controlplane.runs.models import RunEventKind
 from controlplane.runs.services import ingest
 from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "s3cret-pass"
@@ -29,32 +29,11 @@ TRACEBACK = (
 )
 
 
-def _running_run(owner) -> Run:
-    config = {
-        "model": "tiny",
-        "train_dataset": "arithmetic-small",
-        "reward_funcs": [],
-        "args": {"max_steps": 100},
-    }
-    now = timezone.now()
-    return Run.objects.create(
-        owner=owner,
-        name="panels",
-        config=config,
-        config_sha256="0" * 64,
-        status=RunStatus.RUNNING,
-        launched_at=now,
-        heartbeat_at=now,
-        attempt=1,
-        worker_host="panels-test",
-    )
-
-
 def test_diagnosis_strip_expands_and_events_filter_and_search(tmp_path):
     from playwright.sync_api import sync_playwright
 
     owner = get_user_model().objects.create_user(username="watcher", password=PASSWORD)
-    run = _running_run(owner)
+    run = running_run(owner, name="panels", reward_funcs=(), max_steps=100)
     for step in range(1, 21):  # every group solved: reward ~1, frac_reward_zero_std ~1
         ingest.metric_points_ingest(
             run_id=run.pk,

@@ -32,25 +32,32 @@ SOAK_S = 185
 GAPS_S = (0.5, 7.0, 1.0, 12.0, 2.0, 0.2, 9.0, 3.0, 6.0)
 
 
-def _running_run(owner) -> Run:
+def running_run(
+    owner,
+    *,
+    name: str = "soak",
+    reward_funcs: tuple[str, ...] = ("trainer.rewards.accuracy_reward",),
+    max_steps: int = 1000,
+) -> Run:
+    """A run of ``owner``'s stored as ``running`` (the page treats it as live), never enqueued."""
     config = {
         "model": "tiny",
         "train_dataset": "arithmetic-small",
-        "reward_funcs": ["trainer.rewards.accuracy_reward"],
-        "args": {"max_steps": 1000},
+        "reward_funcs": list(reward_funcs),
+        "args": {"max_steps": max_steps},
     }
     # Stored directly (run_create would enqueue it); "running" so the page treats it as live.
     now = timezone.now()
     return Run.objects.create(
         owner=owner,
-        name="soak",
+        name=name,
         config=config,
         config_sha256="0" * 64,
         status=RunStatus.RUNNING,
         launched_at=now,
         heartbeat_at=now,
         attempt=1,
-        worker_host="soak-test",
+        worker_host=f"{name}-test",
     )
 
 
@@ -85,7 +92,7 @@ def test_page_stays_connected_for_three_minutes_and_gets_every_step_once(tmp_pat
     from playwright.sync_api import sync_playwright
 
     owner = get_user_model().objects.create_user(username="watcher", password=PASSWORD)
-    run = _running_run(owner)
+    run = running_run(owner)
     with (
         DbThread() as db,
         daphne_on_test_db(tmp_path / "daphne.log", queue=f"nobody-{os.getpid()}") as base,
@@ -125,7 +132,7 @@ def test_reconnect_fetches_missed_steps_and_events_once(tmp_path):
     from playwright.sync_api import sync_playwright
 
     owner = get_user_model().objects.create_user(username="watcher", password=PASSWORD)
-    run = _running_run(owner)
+    run = running_run(owner)
     port = free_port()
     queue = f"nobody-{os.getpid()}"
     with DbThread() as db, sync_playwright() as pw:

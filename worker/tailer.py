@@ -16,10 +16,12 @@ new block, so a re-done step replaces its rows as it did when the trainer report
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,20 +224,13 @@ class RunOutputTailer:
         self._cursors.update(read.cursors)
 
 
-class _refused_skipped:
-    """Context: a data error (not a connection error) is logged and swallowed."""
-
-    def __init__(self, run_id: int, what: str) -> None:
-        self.run_id, self.what = run_id, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if kind is not None and issubclass(kind, IntegrityError | DataError):
-            logger.error("run %s: the database refused the %s; skipped: %s", self.run_id, self.what, exc)
-            return True
-        return False
+@contextlib.contextmanager
+def _refused_skipped(run_id: int, what: str) -> Iterator[None]:
+    """A data error (not a connection error) inside is logged and swallowed."""
+    try:
+        yield
+    except (IntegrityError, DataError) as exc:
+        logger.error("run %s: the database refused the %s; skipped: %s", run_id, what, exc)
 
 
 def _parse(line: bytes) -> tuple[int, dict[str, Any]] | None:
