@@ -9,6 +9,7 @@ in ``pg_stat_activity`` while the load runs (``bench/load.py`` measures 2,000 fr
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -51,7 +52,11 @@ def test_concurrent_reads_hold_at_most_one_connection_per_client_and_never_fail(
             clients=CLIENTS,
             app_name=app_name,
         )
-        left = connections_held(app_name)
+        # Connections of the requests that just ended close on daphne's threads a moment later
+        # (one was seen still closing under CI load): wait briefly for them, then count.
+        deadline = time.monotonic() + 5
+        while (left := connections_held(app_name)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert result["server_errors"] == 0, result
     assert result["status_counts"] == {"200": 400}, result
     assert result["max_connections_held"] <= CLIENTS, result
