@@ -9,7 +9,16 @@
   if (form) {
     const boxes = () => [...form.querySelectorAll("input[type=checkbox][name=metric]")];
     const picked = document.getElementById("picked");
-    const chosen = () => boxes().filter((b) => b.checked).map((b) => b.value);
+    // Charts keep the order the metrics were chosen in (the ones shown now first, then each new
+    // one at the end), not the picker's alphabetical order.
+    const data = document.getElementById("compare-data");
+    let order = data ? JSON.parse(data.textContent).metrics.map((m) => m.name) : [];
+    const checked = () => new Set(boxes().filter((b) => b.checked).map((b) => b.value));
+    const chosen = () => {
+      const on = checked();
+      order = [...order.filter((name) => on.has(name)), ...[...on].filter((name) => !order.includes(name))];
+      return order;
+    };
     const showPicked = () => { picked.textContent = chosen().join(", ") || "reward, loss (default)"; };
 
     form.addEventListener("change", showPicked);
