@@ -248,6 +248,10 @@ GRPO_RUN_TAG_MAX_CHARS = int(os.environ.get("GRPO_RUN_TAG_MAX_CHARS", "40"))
 GRPO_RUN_NOTE_MAX_CHARS = int(os.environ.get("GRPO_RUN_NOTE_MAX_CHARS", "4000"))
 # Runs per page of the run list (the page and GET /api/v1/runs/ without page_size).
 GRPO_RUN_LIST_PAGE_SIZE = int(os.environ.get("GRPO_RUN_LIST_PAGE_SIZE", "50"))
+# The comparison page and GET /api/v1/runs/compare/: runs compared at once (each live one is a
+# websocket of the page; 8 = the chart palette's distinct colours) and metrics charted at once.
+GRPO_COMPARE_MAX_RUNS = int(os.environ.get("GRPO_COMPARE_MAX_RUNS", "8"))
+GRPO_COMPARE_MAX_METRICS = int(os.environ.get("GRPO_COMPARE_MAX_METRICS", "16"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 
 LANGUAGE_CODE = "en-us"

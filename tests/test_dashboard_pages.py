@@ -171,7 +171,8 @@ def test_run_list_shows_progress_and_last_reward_and_compare_overlays_own_runs()
     ).content.decode()
     assert f'data-run-id="{first.pk}"' in html and f'data-run-id="{second.pk}"' in html
     assert f'data-run-id="{hidden.pk}"' not in html  # someone else's run is not shown
-    assert 'value="loss"' in html and '<option value="entropy">' in html
+    # the metric picker: the chosen one checked, every other name logged by these runs offered
+    assert 'name="metric" value="loss" checked' in html and 'name="metric" value="entropy">' in html
     assert "runs/compare.js" in html and "vendor/uplot/uPlot.iife.min.js" in html
 
 

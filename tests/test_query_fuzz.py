@@ -18,6 +18,8 @@ PARAMS = (
     "runs",
     "run",
     "metric",
+    "metrics",
+    "ids",
     "clone",
     "names",
     "since_step",
@@ -90,6 +92,7 @@ def _paths(run_id: int) -> list[str]:
         "/api/v1/registry/",
         "/api/v1/registry/datasets/arithmetic-small/",
         "/api/v1/metrics/catalogue/",
+        "/api/v1/runs/compare/",
     ]
 
 
@@ -112,7 +115,7 @@ def logged_in(client, django_user_model):
 
 @pytest.mark.django_db
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(query=QUERY, which=st.integers(min_value=0, max_value=15))
+@given(query=QUERY, which=st.integers(min_value=0, max_value=16))
 def test_no_query_parameter_makes_a_server_error(logged_in, query, which):
     client, run = logged_in
     path = _paths(run.pk)[which]

@@ -409,6 +409,7 @@ def test_openapi_schema_lists_the_run_endpoints(alice):
         "/api/v1/runs/{run_id}/completions/",
         "/api/v1/registry/",
         "/api/v1/metrics/catalogue/",
+        "/api/v1/runs/compare/",
     ):
         assert path in schema["paths"], path
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -21,6 +21,9 @@ from rest_framework.views import APIView
 from controlplane.runs import downloads, selectors, services
 from controlplane.runs.serializers import (
     CheckpointOutputSerializer,
+    CompareApiQuerySerializer,
+    CompareOutputSerializer,
+    CompareRunSerializer,
     CompletionOutputSerializer,
     CompletionsQuerySerializer,
     DiagnosisOutputSerializer,
@@ -213,6 +216,27 @@ class RunListCreateApi(APIView):
         if not created:
             response["Idempotent-Replayed"] = "true"
         return response
+
+
+class RunCompareApi(APIView):
+    @extend_schema(
+        summary="Several runs side by side: each run (id, name, owner, status) and their documents' "
+        "config diff, one row per dotted key with a value per run and whether they differ",
+        parameters=[CompareApiQuerySerializer],
+        responses=CompareOutputSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        query = CompareApiQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        runs, missing = selectors.compare_runs_get(user=request.user, ids=query.validated_data["ids"])
+        if missing:  # absent and someone else's read the same: nothing leaks
+            raise NotFound(f"run {missing[0]} not found")
+        return Response(
+            {
+                "runs": CompareRunSerializer(runs, many=True, context={"request": request}).data,
+                "diff": selectors.run_config_diff(runs=runs),
+            }
+        )
 
 
 class RunDetailApi(APIView):

@@ -23,6 +23,7 @@ api_patterns = [
     path("registry/datasets/<str:name>/", api.RegistryDatasetApi.as_view(), name="registry-dataset"),
     path("metrics/catalogue/", api.MetricCatalogueApi.as_view(), name="metric-catalogue"),
     path("runs/", api.RunListCreateApi.as_view(), name="run-list"),
+    path("runs/compare/", api.RunCompareApi.as_view(), name="run-compare"),
     path("runs/<int:run_id>/", api.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<int:run_id>/stop/", api.RunStopApi.as_view(), name="run-stop"),
     path("runs/<int:run_id>/resume/", api.RunResumeApi.as_view(), name="run-resume"),

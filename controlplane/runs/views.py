@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import yaml
@@ -18,8 +19,7 @@ from controlplane.runs import presets, selectors, services
 from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
 from controlplane.runs.models import RunStatus
-from controlplane.runs.serializers import RunListQuerySerializer
-from trainer.metrics import REWARD
+from controlplane.runs.serializers import CompareQuerySerializer, RunListQuerySerializer
 from trainer.run_config import RunConfigError
 
 # The run list's sortable columns: (?ordering= key, header).
@@ -80,23 +80,66 @@ def run_list_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run_compare_view(request: HttpRequest) -> HttpResponse:
-    """One metric overlaid across chosen runs (``?runs=3,5,8&metric=reward``); the page's script
-    fetches each run's series over REST."""
-    # ?runs=3,5 (links) or ?run=3&run=5 (the run list's checkboxes)
-    parts = request.GET.get("runs", "").split(",") + request.GET.getlist("run")
-    # ASCII digits only, within a bigint (str.isdigit accepts '²', and int('²') raises).
-    wanted = [int(part) for part in (p.strip() for p in parts) if re.fullmatch(r"[0-9]{1,18}", part)]
-    runs = list(selectors.run_list(user=request.user).filter(pk__in=wanted).order_by("pk"))
-    return render(
-        request,
-        "runs/run_compare.html",
-        {
-            "runs": runs,
-            "metric": request.GET.get("metric") or REWARD,
-            "run_ids": ",".join(str(r.pk) for r in runs),
-            "metric_names": selectors.metric_names(runs=runs),
-        },
+    """Runs side by side (``?runs=3,5,8&metrics=reward,loss``; the run list's ``?run=3&run=5`` and
+    the older ``?metric=reward`` too): one chart per metric overlaying the runs, the config keys that
+    differ, and, while a run is active, its new points over its websocket (the page's script)."""
+    query = CompareQuerySerializer(
+        data={
+            "runs": ",".join(request.GET.getlist("runs") + request.GET.getlist("run")),
+            "metrics": ",".join(request.GET.getlist("metrics") + request.GET.getlist("metric")),
+        }
     )
+    valid = query.is_valid()
+    ids = query.validated_data.get("runs", []) if valid else []
+    runs, missing = selectors.compare_runs_get(user=request.user, ids=ids)
+    names = selectors.metric_names(runs=runs)
+    chosen = (query.validated_data.get("metrics") if valid else None) or selectors.compare_default_metrics(
+        names=names
+    )
+    diff = selectors.run_config_diff(runs=runs)
+    differing = [row for row in diff if row["differs"]]
+    page = {  # what compare.js draws and subscribes to (json_script: no HTML is built from it)
+        "runs": [
+            {
+                "id": run.pk,
+                "label": f"#{run.pk} {run.name}".strip(),
+                "status": run.status,
+                "api": reverse("runs-api:run-detail", args=[run.pk]),
+                "ws": f"/ws/runs/{run.pk}/",
+            }
+            for run in runs
+        ],
+        "metrics": [selectors.metric_info(name) for name in chosen],
+    }
+    context = {
+        "runs": runs,
+        "missing": missing,
+        "query_errors": {} if valid else query.errors,
+        "chosen": chosen,
+        "metrics_param": ",".join(chosen),
+        "run_ids": ",".join(str(run.pk) for run in runs),
+        "choices": selectors.compare_metric_choices(runs=runs),
+        "unlogged": [name for name in chosen if name not in names],
+        "page": page,
+        "diff_rows": [_diff_row(row) for row in diff],
+        "diff_keys": len(diff),
+        "diff_differing": len(differing),
+        "max_runs": settings.GRPO_COMPARE_MAX_RUNS,
+    }
+    return render(request, "runs/run_compare.html", context, status=200 if valid else 400)
+
+
+def _diff_row(row: dict) -> dict:
+    """A config diff row as the page shows it: each cell's text (strings bare, the rest as JSON)
+    or "absent"."""
+    cells = [
+        {
+            "text": (value if isinstance(value, str) else json.dumps(value)) if present else "absent",
+            "present": present,
+        }
+        for value, present in zip(row["values"], row["present"], strict=True)
+    ]
+    return {"key": row["key"], "differs": row["differs"], "cells": cells}
 
 
 @login_required
@@ -169,6 +212,7 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "can_edit": run.owner_id == request.user.pk,
         "max_tags": settings.GRPO_RUN_MAX_TAGS,
         "max_note_chars": settings.GRPO_RUN_NOTE_MAX_CHARS,
+        "compare_max_runs": settings.GRPO_COMPARE_MAX_RUNS,  # "compare with…": this run + the others
     }
     return render(request, "runs/run_detail.html", context)
 
