@@ -38,6 +38,11 @@ PARAMS = (
     "tag",
     "q",
     "ordering",
+    "reward_min",
+    "reward_max",
+    "group_id",
+    "groups",
+    "by",
 )
 TRICKY = st.sampled_from(
     [
@@ -84,6 +89,7 @@ def _paths(run_id: int) -> list[str]:
         api,
         api + "metrics/",
         api + "completions/",
+        api + "completions/steps/",
         api + "events/",
         api + "checkpoints/",
         api + "diagnosis/",
