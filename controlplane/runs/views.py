@@ -169,6 +169,9 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "can_edit": run.owner_id == request.user.pk,
         "max_tags": settings.GRPO_RUN_MAX_TAGS,
         "max_note_chars": settings.GRPO_RUN_NOTE_MAX_CHARS,
+        # the completions table: its search box's limit and groups per page (static/runs/completion_panel.js)
+        "completion_search_max": settings.GRPO_COMPLETION_SEARCH_MAX_CHARS,
+        "completion_groups_page": settings.GRPO_COMPLETION_GROUPS_PAGE_SIZE,
     }
     return render(request, "runs/run_detail.html", context)
 
