@@ -136,6 +136,15 @@ def test_completions_table_pages_sorts_filters_searches_and_follows_live_samples
             )
             assert all(g["mixed"] for g in groups()) and len(groups()) == 10
 
+            # A bad range is the server's 400, shown naming the field; cleared, the page comes back.
+            page.fill("#completion-reward-min", "1")
+            page.fill("#completion-reward-max", "0")
+            page.wait_for_selector("#completion-errors:not([hidden])")
+            assert "reward_min" in page.inner_text("#completion-errors")
+            page.fill("#completion-reward-min", "")
+            page.fill("#completion-reward-max", "")
+            page.wait_for_selector("#completion-errors[hidden]", state="attached")
+
             # The search asks the server, and the downloads follow the filters.
             with page.expect_request(lambda r: "q=needle" in r.url and "by=group" in r.url):
                 page.fill("#completion-search", "needle")
