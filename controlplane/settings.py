@@ -252,6 +252,11 @@ GRPO_RUN_LIST_PAGE_SIZE = int(os.environ.get("GRPO_RUN_LIST_PAGE_SIZE", "50"))
 # websocket of the page; 8 = the chart palette's distinct colours) and metrics charted at once.
 GRPO_COMPARE_MAX_RUNS = int(os.environ.get("GRPO_COMPARE_MAX_RUNS", "8"))
 GRPO_COMPARE_MAX_METRICS = int(os.environ.get("GRPO_COMPARE_MAX_METRICS", "16"))
+# The completions API and the run page's completions table: characters of a ?q= search, and groups
+# per page of ?by=group (default, and the most a page_size may ask for).
+GRPO_COMPLETION_SEARCH_MAX_CHARS = int(os.environ.get("GRPO_COMPLETION_SEARCH_MAX_CHARS", "200"))
+GRPO_COMPLETION_GROUPS_PAGE_SIZE = int(os.environ.get("GRPO_COMPLETION_GROUPS_PAGE_SIZE", "10"))
+GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE = int(os.environ.get("GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE", "100"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
 
 LANGUAGE_CODE = "en-us"

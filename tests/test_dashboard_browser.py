@@ -84,12 +84,13 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             )
 
             # A sampled completion shows up, grouped with its group's rollouts, and is searchable.
-            page.wait_for_selector("#completions .completion", timeout=120_000)
+            page.wait_for_selector("#completions .rollout", timeout=120_000)
             assert page.locator("#completions .cgroup").count() >= 1
             text = page.inner_text("#completions .completion-text >> nth=0").strip()
-            if text:
-                page.fill("#completion-search", text[:3])
-                assert page.locator("#completions .completion").count() >= 1
+            if text:  # the search asks the server (completions/?q=)
+                with page.expect_response(lambda r: "q=" in r.url):
+                    page.fill("#completion-search", text[:3])
+                assert page.locator("#completions .rollout").count() >= 1
                 page.fill("#completion-search", "no completion contains this \u2603")
                 page.wait_for_selector("#completions >> text=No completion matches.")
                 page.fill("#completion-search", "")

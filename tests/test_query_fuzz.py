@@ -40,6 +40,11 @@ PARAMS = (
     "tag",
     "q",
     "ordering",
+    "reward_min",
+    "reward_max",
+    "group_id",
+    "groups",
+    "by",
 )
 TRICKY = st.sampled_from(
     [
@@ -86,6 +91,7 @@ def _paths(run_id: int) -> list[str]:
         api,
         api + "metrics/",
         api + "completions/",
+        api + "completions/steps/",
         api + "events/",
         api + "checkpoints/",
         api + "diagnosis/",

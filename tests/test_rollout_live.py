@@ -298,7 +298,7 @@ def test_sync_and_async_rewards_with_none(default_run):
         assert name in metrics and not math.isnan(metrics[name]), name
     completions = [c for p in default_run["payloads"] for c in p.get("completions", [])]
     assert completions and set(completions[0]) == {
-        "prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index",
+        "prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index", "reference",
     }  # fmt: skip
     unscored = [c for c in completions if c["reward"] is None]
     assert all(c["rewards"] == {} and c["advantage"] == 0.0 for c in unscored)

@@ -28,7 +28,8 @@ class Sink(Protocol):
 
     def completions(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         """The completions sampled since the last log, logged at ``step`` (prompt, completion,
-        reward, rewards, advantage, group_id, row_index)."""
+        reward, rewards, advantage, group_id, row_index, reference: the dataset row's reference
+        answer or None, ``trainer.rollout.groups.REFERENCE_COLUMNS``)."""
 
     def checkpoint(self, step: int, path: str) -> None:
         """A checkpoint folder complete at ``path`` (its ``rollout_state.json`` written)."""

@@ -24,8 +24,10 @@ from controlplane.runs.serializers import (
     CompareApiQuerySerializer,
     CompareOutputSerializer,
     CompareRunSerializer,
+    CompletionGroupSerializer,
     CompletionOutputSerializer,
     CompletionsQuerySerializer,
+    CompletionStepSerializer,
     DiagnosisOutputSerializer,
     EventOutputSerializer,
     EventsQuerySerializer,
@@ -328,10 +330,25 @@ class RunMetricsApi(DownloadNegotiationMixin, APIView):
         return Response({"series": series})
 
 
+class CompletionGroupPagination(PageSizePagination):
+    """``?by=group`` pages: ``GRPO_COMPLETION_GROUPS_PAGE_SIZE`` groups unless ``page_size`` says
+    otherwise (the query serializer refused more than ``GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE``)."""
+
+    @property
+    def page_size(self) -> int:  # type: ignore[override]
+        return settings.GRPO_COMPLETION_GROUPS_PAGE_SIZE
+
+    @property
+    def max_page_size(self) -> int:  # type: ignore[override]
+        return settings.GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE
+
+
 class RunCompletionsApi(DownloadNegotiationMixin, APIView):
     @extend_schema(
-        summary="Sampled completions (newest step first, paginated); with ?format=csv|json all of "
-        "them as a download, oldest step first",
+        summary="Sampled completions (newest step first, paginated), filtered (q, reward range, group, "
+        "mixed or zero-advantage groups) and sorted on the server; ?by=group pages whole groups, each "
+        "with all its rollouts (CompletionGroup). With ?format=csv|json every matching sample as a "
+        "download, oldest step first",
         parameters=[CompletionsQuerySerializer, FORMAT_PARAMETER],
         responses=CompletionOutputSerializer(many=True),
     )
@@ -339,25 +356,51 @@ class RunCompletionsApi(DownloadNegotiationMixin, APIView):
         run = selectors.run_get(user=request.user, run_id=run_id)
         query = CompletionsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        filters = query.filters()
+        ordering = query.validated_data["ordering"]
         fmt = _download_format(request)
         if fmt:
-            rows = selectors.run_completion_rows(
-                run=run,
-                since_step=query.validated_data.get("since_step"),
-                step=query.validated_data.get("step"),
-            )
             return downloads.download_response(
                 request=request._request,
-                pieces=downloads.completions_pieces(fmt=fmt, fields=selectors.COMPLETION_FIELDS, rows=rows),
+                pieces=downloads.completions_pieces(
+                    fmt=fmt,
+                    fields=selectors.COMPLETION_FIELDS,
+                    rows=selectors.run_completion_rows(run=run, **filters),
+                ),
                 fmt=fmt,
                 filename=f"run-{run.pk}-completions.{fmt}",
             )
-        samples = selectors.run_completion_list(
-            run=run, since_step=query.validated_data.get("since_step"), step=query.validated_data.get("step")
-        )
+        if query.validated_data["by"] == "group":
+            paginator = CompletionGroupPagination()
+            page = paginator.paginate_queryset(
+                selectors.run_completion_groups(run=run, ordering=ordering, **filters), request, view=self
+            )
+            groups = selectors.run_completion_group_rollouts(
+                run=run,
+                groups=list(page),
+                q=filters["q"],
+                reward_min=filters["reward_min"],
+                reward_max=filters["reward_max"],
+                ordering=ordering,
+            )
+            return paginator.get_paginated_response(CompletionGroupSerializer(groups, many=True).data)
         paginator = PageSizePagination()
-        page = paginator.paginate_queryset(samples, request, view=self)
+        page = paginator.paginate_queryset(
+            selectors.run_completion_list(run=run, ordering=ordering, **filters), request, view=self
+        )
         return paginator.get_paginated_response(CompletionOutputSerializer(page, many=True).data)
+
+
+class RunCompletionStepsApi(APIView):
+    @extend_schema(
+        summary="Every step that has sampled completions, newest first, with its sample and group "
+        "counts (the run page's step picker)",
+        responses=inline_serializer("CompletionSteps", {"steps": CompletionStepSerializer(many=True)}),
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        run = selectors.run_get(user=request.user, run_id=run_id)
+        steps = selectors.run_completion_steps(run=run)
+        return Response({"steps": CompletionStepSerializer(steps, many=True).data})
 
 
 class RunEventsApi(APIView):

@@ -214,11 +214,22 @@ class CompletionSample(models.Model):
     advantage = models.FloatField(null=True, blank=True)
     group_id = models.BigIntegerField(null=True, blank=True)
     row_index = models.BigIntegerField(null=True, blank=True)
+    # The dataset row's reference answer as the trainer logged it ("" when the row had none).
+    reference = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["step", "index"]
         constraints = [
             models.UniqueConstraint(fields=["run", "step", "index"], name="completion_unique_run_step_index"),
+        ]
+        indexes = [
+            # The completions table's pages of groups (selectors.run_completion_groups): GROUP BY
+            # (step, group_id) in index order with the aggregated columns in the index (index-only).
+            models.Index(
+                fields=["run", "step", "group_id"],
+                include=["reward", "advantage"],
+                name="completion_run_step_group",
+            ),
         ]
 
 

@@ -13,11 +13,17 @@ from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import (
+    Avg,
+    BooleanField,
     Case,
+    Count,
+    Exists,
+    ExpressionWrapper,
     F,
     FloatField,
     Func,
     Max,
+    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -362,7 +368,8 @@ def run_metric_rows(
     return columns, by_step()
 
 
-# A downloaded completion's fields, in CSV column order (``rewards``: per function, a JSON object).
+# A completion's fields: the API's rows and a download's columns, in CSV column order (``rewards``:
+# per function, a JSON object; ``reference``: the dataset row's reference answer, "" when none).
 COMPLETION_FIELDS = (
     "step",
     "index",
@@ -373,29 +380,230 @@ COMPLETION_FIELDS = (
     "advantage",
     "group_id",
     "row_index",
+    "reference",
 )
+
+# ?ordering= of the completions (a leading "-" is descending): samples by their own value, groups
+# (?by=group) by their mean reward / largest advantage; ties newest step first, then index / group.
+COMPLETION_ORDERINGS = ("step", "-step", "reward", "-reward", "advantage", "-advantage")
+# ?groups=: "mixed" keeps groups whose rollouts' rewards are not all equal (the ones that carry a
+# GRPO signal); "zero_advantage" keeps groups whose every advantage is within this of 0.
+COMPLETION_GROUP_FILTERS = ("mixed", "zero_advantage")
+ZERO_ADVANTAGE_EPS = 1e-9
 
 
 def run_completion_rows(
-    *, run: Run, since_step: int | None = None, step: int | None = None, chunk_rows: int = 500
+    *,
+    run: Run,
+    since_step: int | None = None,
+    step: int | None = None,
+    q: str | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    group_id: int | None = None,
+    groups: str | None = None,
+    chunk_rows: int = 500,
 ) -> Iterator[dict[str, Any]]:
     """Sampled completions oldest step first (``{field: value}`` for :data:`COMPLETION_FIELDS`),
-    through a server-side cursor ``chunk_rows`` at a time (texts can be long)."""
-    samples = run_completion_list(run=run, since_step=since_step, step=step).order_by("step", "index")
+    filtered as :func:`run_completion_list` does, through a server-side cursor ``chunk_rows`` at a
+    time (texts can be long)."""
+    samples = run_completion_list(
+        run=run,
+        since_step=since_step,
+        step=step,
+        q=q,
+        reward_min=reward_min,
+        reward_max=reward_max,
+        group_id=group_id,
+        groups=groups,
+    ).order_by("step", "index")
     for values in samples.values_list(*COMPLETION_FIELDS).iterator(chunk_size=chunk_rows):
         yield dict(zip(COMPLETION_FIELDS, values, strict=True))
 
 
-def run_completion_list(
-    *, run: Run, since_step: int | None = None, step: int | None = None
+def _completion_scope(
+    *, run: Run, since_step: int | None, step: int | None, group_id: int | None
 ) -> QuerySet[CompletionSample]:
-    """Sampled completions, newest step first (only steps > ``since_step``, or only ``step``)."""
     samples = CompletionSample.objects.filter(run=run)
     if since_step is not None:
         samples = samples.filter(step__gt=since_step)
     if step is not None:
         samples = samples.filter(step=step)
-    return samples.order_by("-step", "index")
+    if group_id is not None:
+        samples = samples.filter(group_id=group_id)
+    return samples
+
+
+def _completion_match(*, q: str | None, reward_min: float | None, reward_max: float | None) -> Q | None:
+    """The sample-level filters as one condition (None: no filter): ``q`` in the prompt or the
+    completion (any case), the reward within [reward_min, reward_max] (a sample without one is out)."""
+    match = Q()
+    if q:
+        match &= Q(prompt__icontains=q) | Q(completion__icontains=q)
+    if reward_min is not None:
+        match &= Q(reward__gte=reward_min)
+    if reward_max is not None:
+        match &= Q(reward__lte=reward_max)
+    return match or None
+
+
+def _group_stats(samples: QuerySet[CompletionSample], groups: str | None) -> QuerySet:
+    """``samples`` aggregated per (step, group_id) in SQL: size, reward min/mean/max, advantage
+    max and largest magnitude; with ``groups``, only mixed or only zero-advantage groups (HAVING)."""
+    stats = samples.values("step", "group_id").annotate(
+        size=Count("id"),
+        reward_min=Min("reward"),
+        reward_max=Max("reward"),
+        reward_mean=Avg("reward"),
+        advantage_max=Max("advantage"),
+        advantage_abs=Max(Func(F("advantage"), function="ABS", output_field=FloatField())),
+    )
+    if groups:
+        stats = stats.filter(group_id__isnull=False)  # samples without a group form no group here
+    if groups == "mixed":
+        stats = stats.filter(reward_min__lt=F("reward_max"))
+    elif groups == "zero_advantage":
+        stats = stats.filter(advantage_abs__lte=ZERO_ADVANTAGE_EPS)
+    return stats
+
+
+def _ordered(field: str, ordering: str) -> Any:
+    expr = F(field)
+    return expr.desc(nulls_last=True) if ordering.startswith("-") else expr.asc(nulls_last=True)
+
+
+def run_completion_list(
+    *,
+    run: Run,
+    since_step: int | None = None,
+    step: int | None = None,
+    q: str | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    group_id: int | None = None,
+    groups: str | None = None,
+    ordering: str = "-step",
+) -> QuerySet[CompletionSample]:
+    """Sampled completions (only steps > ``since_step``, or only ``step``; only ``group_id``),
+    ``q`` in the prompt or completion (any case), reward in [``reward_min``, ``reward_max``], only
+    samples of the groups ``groups`` keeps (:data:`COMPLETION_GROUP_FILTERS`, decided per whole
+    group in SQL). ``ordering``: one of :data:`COMPLETION_ORDERINGS`; default newest step first."""
+    samples = _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id)
+    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
+    if match is not None:
+        samples = samples.filter(match)
+    if groups:
+        kept = _group_stats(
+            _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id), groups
+        ).filter(step=OuterRef("step"), group_id=OuterRef("group_id"))
+        samples = samples.filter(Exists(kept))
+    key = ordering.removeprefix("-")
+    if key == "step":
+        return samples.order_by(ordering, "index")
+    return samples.order_by(_ordered(key, ordering), "-step", "index")
+
+
+def run_completion_groups(
+    *,
+    run: Run,
+    since_step: int | None = None,
+    step: int | None = None,
+    q: str | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    group_id: int | None = None,
+    groups: str | None = None,
+    ordering: str = "-step",
+) -> QuerySet:
+    """The groups (step, group_id) of :func:`run_completion_list`'s samples, one dict each
+    (``step``, ``group_id``, ``size``, ``reward_min`` / ``reward_mean`` / ``reward_max``,
+    ``advantage_max``, ``matches``: its rollouts that pass ``q`` and the reward range), aggregated
+    and paged in SQL so that a page never cuts a group. A group is kept when one of its rollouts
+    matches; :func:`run_completion_group_rollouts` fills in every rollout. ``ordering``: ``step``
+    (then group id, the same way: "-step" is newest group first), ``reward`` (the group's mean),
+    ``advantage`` (its largest); ties newest first."""
+    samples = _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id)
+    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
+    stats = _group_stats(samples, groups).annotate(
+        matches=Count("id", filter=match) if match is not None else Count("id")
+    )
+    if match is not None:
+        stats = stats.filter(matches__gt=0)
+    key = ordering.removeprefix("-")
+    if key == "step":  # (step, group id) both one way, nulls as the index has them: its order
+        direction = "desc" if ordering.startswith("-") else "asc"
+        order = [getattr(F("step"), direction)(), getattr(F("group_id"), direction)()]
+    else:
+        field = "reward_mean" if key == "reward" else "advantage_max"
+        order = [_ordered(field, ordering), F("step").desc(), F("group_id").desc(nulls_last=True)]
+    return stats.order_by(*order)
+
+
+def run_completion_group_rollouts(
+    *,
+    run: Run,
+    groups: list[dict[str, Any]],
+    q: str | None = None,
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    ordering: str = "-step",
+) -> list[dict[str, Any]]:
+    """``groups`` (a page of :func:`run_completion_groups`) each with ``mixed`` (its rewards differ),
+    ``prompt`` and ``reference`` (its first rollout's) and ``rollouts``: every one of the group's
+    samples (:data:`COMPLETION_FIELDS` and ``match``: it passes ``q`` and the reward range), by
+    reward or advantage when ``ordering`` sorts by one (same direction), else by index. One query."""
+    if not groups:
+        return []
+    where = Q()
+    for g in groups:
+        where |= (
+            Q(step=g["step"], group_id=g["group_id"])
+            if g["group_id"] is not None
+            else Q(step=g["step"], group_id__isnull=True)
+        )
+    samples = CompletionSample.objects.filter(run=run).filter(where)
+    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
+    samples = samples.annotate(
+        match=ExpressionWrapper(match, output_field=BooleanField()) if match is not None else Value(True)
+    )
+    key = ordering.removeprefix("-")
+    order = [_ordered(key, ordering), "index"] if key in ("reward", "advantage") else ["index"]
+    by_group: dict[tuple[int, int | None], list[dict[str, Any]]] = defaultdict(list)
+    for row in samples.order_by(*order).values(*COMPLETION_FIELDS, "match"):
+        row["reward"], row["advantage"] = finite_or_none(row["reward"]), finite_or_none(row["advantage"])
+        by_group[(row["step"], row["group_id"])].append(row)
+    out = []
+    for g in groups:
+        rollouts = by_group.get((g["step"], g["group_id"]), [])
+        first = min(rollouts, key=lambda r: r["index"]) if rollouts else {}
+        out.append(
+            {
+                "step": g["step"],
+                "group_id": g["group_id"],
+                "size": g["size"],
+                "matches": g["matches"],
+                "reward_min": finite_or_none(g["reward_min"]),
+                "reward_mean": finite_or_none(g["reward_mean"]),
+                "reward_max": finite_or_none(g["reward_max"]),
+                "mixed": g["reward_min"] is not None and g["reward_min"] < g["reward_max"],
+                "prompt": first.get("prompt", ""),
+                "reference": first.get("reference", ""),
+                "rollouts": rollouts,
+            }
+        )
+    return out
+
+
+def run_completion_steps(*, run: Run) -> list[dict[str, int]]:
+    """Every step that has sampled completions, newest first: ``{"step", "samples"}`` (one GROUP
+    BY over the (run, step, index) index)."""
+    rows = (
+        CompletionSample.objects.filter(run=run)
+        .values("step")
+        .annotate(samples=Count("id"))
+        .order_by("-step")
+    )
+    return [{"step": r["step"], "samples": r["samples"]} for r in rows]
 
 
 def run_event_list(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import yaml
 from django.conf import settings
+from django.core.validators import MaxLengthValidator
 from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.exceptions import ParseError
@@ -22,7 +24,13 @@ from controlplane.runs.models import (
     RunEventKind,
     RunStatus,
 )
-from controlplane.runs.selectors import COMPLETION_FIELDS, RUN_LIST_ORDERINGS, run_max_steps
+from controlplane.runs.selectors import (
+    COMPLETION_FIELDS,
+    COMPLETION_GROUP_FILTERS,
+    COMPLETION_ORDERINGS,
+    RUN_LIST_ORDERINGS,
+    run_max_steps,
+)
 from controlplane.runs.services.ingest import finite_or_none
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
 
@@ -450,10 +458,119 @@ class MetricsOutputSerializer(serializers.Serializer):
 
 
 class CompletionsQuerySerializer(serializers.Serializer):
-    since_step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP)
+    """``GET /api/v1/runs/<id>/completions/``: which samples, in which order, as samples or as groups
+    (all optional; the downloads take the filters too)."""
+
+    since_step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_STEP, help_text="only steps after this one"
+    )
     step = serializers.IntegerField(
         required=False, min_value=0, max_value=MAX_STEP, help_text="only this step"
     )
+    q = serializers.CharField(
+        required=False,
+        allow_blank=True,  # an empty search box: every sample
+        help_text="only samples whose prompt or completion contains this (any case); at most "
+        "GRPO_COMPLETION_SEARCH_MAX_CHARS characters",
+    )
+    reward_min = serializers.FloatField(required=False, help_text="only samples with reward >= this")
+    reward_max = serializers.FloatField(required=False, help_text="only samples with reward <= this")
+    group_id = serializers.IntegerField(
+        required=False, min_value=-(2**63), max_value=2**63 - 1, help_text="only this group"
+    )
+    groups = serializers.ChoiceField(
+        choices=COMPLETION_GROUP_FILTERS,
+        required=False,
+        allow_blank=True,
+        help_text="mixed: only groups whose rewards are not all equal (they carry a GRPO signal); "
+        "zero_advantage: only groups whose every advantage is 0",
+    )
+    ordering = serializers.ChoiceField(
+        choices=COMPLETION_ORDERINGS,
+        default="-step",
+        help_text="sort key, a leading - for descending; with by=group, reward sorts by the group's "
+        "mean and advantage by its largest",
+    )
+    by = serializers.ChoiceField(
+        choices=("sample", "group"),
+        default="sample",
+        help_text="group: pages of whole groups (GRPO_COMPLETION_GROUPS_PAGE_SIZE), each with all "
+        "its rollouts, so no group is cut across pages",
+    )
+    page_size = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_STEP, help_text="samples (or groups) per page"
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Read per request, like the other limits, so a changed setting applies without a restart.
+        limit = settings.GRPO_COMPLETION_SEARCH_MAX_CHARS
+        self.fields["q"].max_length = limit
+        self.fields["q"].validators.append(
+            MaxLengthValidator(limit, message=f"at most {limit} characters; search for a shorter part")
+        )
+
+    def validate_reward_min(self, value: float) -> float:
+        return _finite(value)
+
+    def validate_reward_max(self, value: float) -> float:
+        return _finite(value)
+
+    def validate(self, attrs: dict) -> dict:
+        low, high = attrs.get("reward_min"), attrs.get("reward_max")
+        if low is not None and high is not None and low > high:
+            raise serializers.ValidationError({"reward_min": f"must be at most reward_max ({high})"})
+        most = settings.GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE
+        if attrs["by"] == "group" and attrs.get("page_size", 0) > most:
+            raise serializers.ValidationError({"page_size": f"at most {most} groups per page with by=group"})
+        return attrs
+
+    def filters(self) -> dict:
+        """The validated filters as ``selectors.run_completion_list`` keyword arguments (no order)."""
+        data = self.validated_data
+        return {
+            "since_step": data.get("since_step"),
+            "step": data.get("step"),
+            "q": data.get("q") or None,
+            "reward_min": data.get("reward_min"),
+            "reward_max": data.get("reward_max"),
+            "group_id": data.get("group_id"),
+            "groups": data.get("groups") or None,
+        }
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise serializers.ValidationError("a finite number")
+    return value
+
+
+class CompletionStepSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    samples = serializers.IntegerField(help_text="samples stored at this step")
+
+
+class CompletionRolloutSerializer(CompletionOutputSerializer):
+    match = serializers.BooleanField(help_text="this rollout passes q and the reward range")
+
+    class Meta(CompletionOutputSerializer.Meta):
+        fields = [*CompletionOutputSerializer.Meta.fields, "match"]
+
+
+class CompletionGroupSerializer(serializers.Serializer):
+    """One group of ``?by=group``: its rollouts whole, whichever of them matched."""
+
+    step = serializers.IntegerField()
+    group_id = serializers.IntegerField(allow_null=True, help_text="null: the step's samples without a group")
+    size = serializers.IntegerField(help_text="rollouts logged")
+    matches = serializers.IntegerField(help_text="rollouts that pass q and the reward range")
+    reward_min = serializers.FloatField(allow_null=True)
+    reward_mean = serializers.FloatField(allow_null=True)
+    reward_max = serializers.FloatField(allow_null=True)
+    mixed = serializers.BooleanField(help_text="its rewards are not all equal")
+    prompt = serializers.CharField(help_text="the first rollout's prompt")
+    reference = serializers.CharField(help_text="the dataset row's reference answer, empty when none")
+    rollouts = CompletionRolloutSerializer(many=True)
 
 
 class DiagnosisOutputSerializer(serializers.Serializer):

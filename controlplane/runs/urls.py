@@ -29,6 +29,11 @@ api_patterns = [
     path("runs/<int:run_id>/resume/", api.RunResumeApi.as_view(), name="run-resume"),
     path("runs/<int:run_id>/metrics/", api.RunMetricsApi.as_view(), name="run-metrics"),
     path("runs/<int:run_id>/completions/", api.RunCompletionsApi.as_view(), name="run-completions"),
+    path(
+        "runs/<int:run_id>/completions/steps/",
+        api.RunCompletionStepsApi.as_view(),
+        name="run-completion-steps",
+    ),
     path("runs/<int:run_id>/events/", api.RunEventsApi.as_view(), name="run-events"),
     path("runs/<int:run_id>/checkpoints/", api.RunCheckpointsApi.as_view(), name="run-checkpoints"),
     path("runs/<int:run_id>/diagnosis/", api.RunDiagnosisApi.as_view(), name="run-diagnosis"),

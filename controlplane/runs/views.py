@@ -213,6 +213,9 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "max_tags": settings.GRPO_RUN_MAX_TAGS,
         "max_note_chars": settings.GRPO_RUN_NOTE_MAX_CHARS,
         "compare_max_runs": settings.GRPO_COMPARE_MAX_RUNS,  # "compare with…": this run + the others
+        # the completions table: its search box's limit and groups per page (static/runs/completion_panel.js)
+        "completion_search_max": settings.GRPO_COMPLETION_SEARCH_MAX_CHARS,
+        "completion_groups_page": settings.GRPO_COMPLETION_GROUPS_PAGE_SIZE,
     }
     return render(request, "runs/run_detail.html", context)
 

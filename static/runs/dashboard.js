@@ -1,7 +1,7 @@
 // The run dashboard: history over REST, then only what is new over the run's websocket.
 //
 //   GET  {api}metrics/?layout=columns   every series, as parallel step/value arrays
-//   GET  {api}completions/, events/?kind=&q= (the events panel's filter), diagnosis/
+//   GET  {api}events/?kind=&q= (the events panel's filter), diagnosis/; completions: completion_panel.js
 //   GET  {catalogue}                    the metric catalogue: chart groups, their order, title tooltips
 //   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
 //
@@ -23,7 +23,6 @@
     maxSteps: parseInt(root.dataset.maxSteps, 10) || null,
     lastStep: 0,
     series: new Map(), // name -> {steps, values, el, chart, dirty}
-    completions: new Map(), // step -> items
     historyLoaded: false,
     buffered: [], // socket messages that arrived before the history
     frame: 0,
@@ -214,74 +213,6 @@
     eta.textContent = left ? `ETA ${GrpoCharts.formatDuration(left * mean)} (${GrpoCharts.formatValue(mean)} s/step)` : "";
   }
 
-  // ---------------------------------------------------------------- completions viewer
-  function addCompletions(step, items) {
-    state.completions.set(step, items);
-    const select = document.getElementById("completion-step");
-    if (!select.querySelector(`option[value="${step}"]`)) {
-      const option = el("option", { value: String(step), text: `step ${step}` });
-      const after = [...select.options].find((o) => o.value !== "latest" && parseInt(o.value, 10) < step);
-      select.insertBefore(option, after || null);
-    }
-  }
-
-  function renderCompletions() {
-    const box = document.getElementById("completions");
-    if (state.completions.size === 0) return;
-    const query = document.getElementById("completion-search").value.trim().toLowerCase();
-    const chosen = document.getElementById("completion-step").value;
-    const steps = [...state.completions.keys()].sort((a, b) => b - a);
-    // A search looks through every loaded step; otherwise one step (the latest by default).
-    const shown = query ? steps : [chosen === "latest" ? steps[0] : parseInt(chosen, 10)];
-    const fragment = document.createDocumentFragment();
-    let count = 0;
-    for (const step of shown) {
-      for (const group of groupsOf(state.completions.get(step) || [])) {
-        const hit = !query || group.items.some((c) => (c.prompt + "\n" + c.completion).toLowerCase().includes(query));
-        if (!hit) continue;
-        fragment.append(renderGroup(step, group));
-        count += 1;
-      }
-    }
-    box.replaceChildren(count ? fragment : el("p", { class: "help", text: query ? "No completion matches." : "None at this step." }));
-  }
-
-  /** The step's items grouped by prompt group (a group's rollouts side by side). */
-  function groupsOf(items) {
-    const groups = new Map();
-    items.forEach((item, i) => {
-      const key = item.group_id ?? `i${i}`;
-      if (!groups.has(key)) groups.set(key, { key, items: [] });
-      groups.get(key).items.push(item);
-    });
-    return [...groups.values()];
-  }
-
-  function renderGroup(step, group) {
-    const rewards = group.items.map((c) => c.reward).filter((r) => r !== null && r !== undefined);
-    const mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
-    const head = el("div", { class: "meta" },
-      el("span", { text: `step ${step} · group ${group.key} · ${group.items.length} rollout(s)` }),
-      el("span", { text: `mean reward ${GrpoCharts.formatValue(mean)}` }));
-    const rollouts = el("div", { class: "rollouts" });
-    for (const c of group.items) {
-      const reward = c.reward;
-      const card = el("div", { class: "completion", "data-step": String(step) },
-        el("div", { class: "meta" },
-          el("span", { class: reward > 0 ? "reward-pos" : reward < 0 ? "reward-neg" : "", text: `reward ${GrpoCharts.formatValue(reward)}` }),
-          el("span", { text: `advantage ${GrpoCharts.formatValue(c.advantage)}` })),
-        el("pre", { class: "completion-text", text: c.completion }),
-        c.truncated ? el("div", { class: "help", text: "(cut in the live view; reload for the whole text)" }) : null);
-      card.addEventListener("dblclick", () => card.classList.toggle("expanded"));
-      rollouts.append(card);
-    }
-    const prompt = el("details", {}, el("summary", { text: "prompt" }), el("pre", { text: group.items[0].prompt }));
-    return el("div", { class: "cgroup" }, head, prompt, rollouts);
-  }
-
-  document.getElementById("completion-search").addEventListener("input", renderCompletions);
-  document.getElementById("completion-step").addEventListener("change", renderCompletions);
-
   // ---------------------------------------------------------------- events and log tail
   // The kind filter and the search box ask the server (events/?kind=&q=) and redraw the table; live
   // events are shown when they match the same filter. Rows stay in id order whatever arrives first.
@@ -468,10 +399,8 @@
       return;
     }
     if (msg.type === "metrics") onMetrics(msg.step, msg.values);
-    else if (msg.type === "completions") {
-      addCompletions(msg.step, msg.items);
-      renderCompletions();
-    } else if (msg.type === "status") {
+    else if (msg.type === "completions") GrpoCompletionPanel.live(msg.step, msg.items);
+    else if (msg.type === "status") {
       setStatus(msg);
       loadPlacement();
     } else if (msg.type === "event") {
@@ -515,14 +444,12 @@
     if (!state.historyLoaded) return; // the first history load is still under way and covers it
     // One step back: a step's completions may follow its metrics; duplicates replace, never add.
     const since = Math.max(0, state.lastStep - 1);
-    const [metrics, completions, events] = await Promise.all([
+    const [metrics, events] = await Promise.all([
       getJSON(`metrics/?layout=columns&since_step=${since}`),
-      getJSON(`completions/?since_step=${since}&page_size=500`),
       getJSON(eventQuery({ after_id: state.lastEventId })),
+      GrpoCompletionPanel.backfill(),
     ]);
     loadMetricColumns(metrics.series);
-    loadCompletionPage(completions.results);
-    renderCompletions();
     for (const e of events) addEvent(e);
   }
 
@@ -536,26 +463,14 @@
     scheduleDraw();
   }
 
-  function loadCompletionPage(results) {
-    const bySteps = new Map();
-    for (const c of results) {
-      if (!bySteps.has(c.step)) bySteps.set(c.step, []);
-      bySteps.get(c.step).push(c);
-    }
-    for (const [step, items] of bySteps) addCompletions(step, items.sort((a, b) => a.index - b.index));
-  }
-
   async function loadHistory() {
-    const [catalogue, metrics, completions, events] = await Promise.all([
+    const [catalogue, metrics, events] = await Promise.all([
       loadCatalogue(),
       getJSON("metrics/?layout=columns"),
-      getJSON("completions/?page_size=500"),
       getJSON(eventQuery()),
     ]);
     state.catalogue = GrpoCharts.catalogue(catalogue);
     loadMetricColumns(metrics.series);
-    loadCompletionPage(completions.results);
-    renderCompletions();
     for (const e of events) addEvent(e);
     state.historyLoaded = true;
     for (const msg of state.buffered.splice(0)) handle(msg);
@@ -563,6 +478,7 @@
   }
 
   connect(); // subscribe first: nothing produced while the history loads is lost
+  GrpoCompletionPanel.load().catch((err) => console.warn("completions", err)); // buffers live samples until its first page
   loadPlacement();
   loadHistory().catch((err) => {
     document.getElementById("charts").append(el("p", { class: "errorlist", text: `could not load the history: ${err}` }));

@@ -7,6 +7,7 @@ functions turn them into the :class:`~trainer.rollout.types.RolloutGroup` that i
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,13 @@ __all__ = [
     "record_rollout_metrics",
     "completion_records",
     "messages_text",
+    "REFERENCE_COLUMNS",
+    "reference_answer",
 ]
+
+# Dataset columns that hold a row's reference answer, in the order they are looked for: the first
+# one present (and not None) is logged with each completion as ``reference`` (completions.jsonl).
+REFERENCE_COLUMNS = ("answer", "solution", "ground_truth", "reference", "target")
 
 # Per rollout: (fork flags per turn transition (0/1), drift tokens per turn transition).
 ReconcileStats = tuple[list[int], list[int]]
@@ -132,7 +139,11 @@ def completion_records(
     group: RolloutGroup, score: GroupScore, advantages: np.ndarray
 ) -> list[dict[str, Any]]:
     """One logged completion per rollout (``log_completions``): prompt and completion as text, the
-    summed reward (None when no function scored it), each source's reward, and the (G,) advantage."""
+    summed reward (None when no function scored it), each source's reward, the (G,) advantage, and
+    the dataset row's reference answer (:func:`reference_answer`; None when the row has none).
+
+    The row's columns other than ``prompt`` reach here as the group's ``reward_kwargs`` (G copies)."""
+    reference = reference_answer({k: v[0] for k, v in group.reward_kwargs.items() if v})
     records = []
     for i, (prompt, completion) in enumerate(zip(group.prompts, group.completions, strict=True)):
         reward = score.rewards[i]
@@ -149,9 +160,20 @@ def completion_records(
                 "advantage": float(advantages[i]),
                 "group_id": group.group_id,
                 "row_index": group.row_index,
+                "reference": reference,
             }
         )
     return records
+
+
+def reference_answer(row: dict[str, Any]) -> str | None:
+    """The row's reference answer as text: the first of :data:`REFERENCE_COLUMNS` it has (not
+    None); strings as they are, anything else as JSON (``42`` -> ``"42"``). None when it has none."""
+    for column in REFERENCE_COLUMNS:
+        value = row.get(column)
+        if value is not None:
+            return value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return None
 
 
 def messages_text(messages: Any) -> str:

@@ -86,7 +86,8 @@ def completion_samples_ingest(
 ) -> int:
     """Store sampled completions of one step in one statement (upsert on (run, step, index), the
     items at indices ``first_index``, ``first_index + 1``, ...; none past ``GRPO_COMPLETIONS_PER_STEP``)
-    and publish ``{"type": "run.completions", "step", "items"}``. Returns the count stored."""
+    and publish ``{"type": "run.completions", "step", "items"}``. ``reference`` (the dataset row's
+    reference answer) is stored as "" when absent. Returns the count stored."""
     items = list(items)[: max(0, settings.GRPO_COMPLETIONS_PER_STEP - first_index)]
     rows = [
         CompletionSample(
@@ -100,6 +101,7 @@ def completion_samples_ingest(
             advantage=_float_or_none(item.get("advantage")),
             group_id=_int_or_none(item.get("group_id")),
             row_index=_int_or_none(item.get("row_index")),
+            reference=_text(item.get("reference")),
         )
         for i, item in enumerate(items)
     ]
@@ -109,7 +111,16 @@ def completion_samples_ingest(
         rows,
         update_conflicts=True,
         unique_fields=["run", "step", "index"],
-        update_fields=["prompt", "completion", "reward", "rewards", "advantage", "group_id", "row_index"],
+        update_fields=[
+            "prompt",
+            "completion",
+            "reward",
+            "rewards",
+            "advantage",
+            "group_id",
+            "row_index",
+            "reference",
+        ],
     )
     message = {
         "type": "run.completions",
@@ -120,12 +131,14 @@ def completion_samples_ingest(
                 "prompt": r.prompt[:MAX_PUBLISHED_TEXT_CHARS],
                 "completion": r.completion[:MAX_PUBLISHED_TEXT_CHARS],
                 # Long texts are cut in the live message; REST (/completions/) has them whole.
-                "truncated": max(len(r.prompt), len(r.completion)) > MAX_PUBLISHED_TEXT_CHARS,
+                "truncated": max(len(r.prompt), len(r.completion), len(r.reference))
+                > MAX_PUBLISHED_TEXT_CHARS,
                 "reward": finite_or_none(r.reward),
                 "rewards": r.rewards,
                 "advantage": finite_or_none(r.advantage),
                 "group_id": r.group_id,
                 "row_index": r.row_index,
+                "reference": r.reference[:MAX_PUBLISHED_TEXT_CHARS],
             }
             for r in rows
         ],
