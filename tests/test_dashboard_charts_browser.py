@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import Run
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +78,11 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
     bobs = running_run(bob, name="bobs", reward_funcs=(), max_steps=10)
     ingest.metric_points_ingest(run_id=bobs.pk, step=1, values={"rollout/concurrency": 1.0})
 
-    with daphne_on_test_db(tmp_path / "daphne.log", queue="unused") as base, sync_playwright() as pw:
+    with (
+        DbThread() as db,
+        daphne_on_test_db(tmp_path / "daphne.log", queue="unused") as base,
+        sync_playwright() as pw,
+    ):
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
@@ -219,6 +223,21 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
                 f'section[data-group="pinned"] {_card("rollout/concurrency")}', timeout=30_000
             )
             assert _data(page, "rollout/concurrency", "pinned") == "true"
+
+            # A live step over the socket brings its time and attempt: the wall axis extends to it.
+            page.wait_for_selector("#conn.live")
+            db(
+                ingest.metric_points_ingest,
+                run_id=run.pk,
+                step=STEPS + 1,
+                values={"reward": 1.0, "timestamp": T0 + 4000},
+            )
+            page.wait_for_selector(f'{_card("reward")}[data-points="{STEPS + 1}"]', timeout=15_000)
+            page.select_option("#chart-x", "wall")
+            page.wait_for_function(
+                f"() => Number(document.querySelector('.chart[data-metric=\"reward\"]').dataset.xMax) === {T0 + 4000}"
+            )
+            page.select_option("#chart-x", "step")
 
             # A phone: the metrics card and its charts fit 390 px (nothing in it scrolls the page
             # sideways; the site header is not the charts' to fix).

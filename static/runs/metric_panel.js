@@ -134,8 +134,7 @@ const GrpoMetricPanel = (() => {
     s.pin.setAttribute("aria-pressed", String(pinned));
     s.pin.title = pinned ? "unpin (saved for your account)" : "pin to the top (saved for your account)";
     const before = [...charts.children].find((c) => c !== s.card && rank(c.dataset.metric) > rank(name));
-    charts.insertBefore(s.card, before || null);
-    s.dirty = true;
+    charts.insertBefore(s.card, before || null); // a drawn chart moves as it is: no redraw
   }
 
   function refreshSections() {
