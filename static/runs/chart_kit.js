@@ -31,7 +31,9 @@ const GrpoChartKit = (() => {
       }
       acc = alpha * acc + (1 - alpha) * v;
       pow *= alpha;
-      out[i] = acc / (1 - pow);
+      const smoothed = acc / (1 - pow);
+      // A flat series stays exactly flat (rounding would otherwise jitter it by a pixel).
+      out[i] = Math.abs(smoothed - v) <= 1e-12 * Math.abs(v) ? v : smoothed;
     }
     out.length = values.length;
     s.emaAcc = acc;

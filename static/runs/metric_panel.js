@@ -234,9 +234,11 @@ const GrpoMetricPanel = (() => {
 
   function setStep(step, time, attempt) {
     if (time !== null && time !== undefined && state.stepTime.get(step) !== time) {
+      const first = state.stepTime.size === 0;
       state.stepTime.set(step, time);
       if (state.firstTime === null || time < state.firstTime) state.firstTime = time;
-      if (state.xMode !== "step") markAllDirty();
+      if (first && state.xMode !== "step") setXMode(state.xMode); // the time axis can be drawn now
+      else if (state.xMode !== "step") markAllDirty();
     }
     if (attempt !== null && attempt !== undefined && state.stepAttempt.get(step) !== attempt) {
       state.stepAttempt.set(step, attempt);
@@ -262,11 +264,17 @@ const GrpoMetricPanel = (() => {
     }
   }
 
+  /** The x axis drawn: the chosen one, but steps while no step has a time (a run logged before
+   * timestamps were kept), so a remembered "wall time" never shows empty charts. */
+  function axisMode() {
+    return state.stepTime.size ? state.xMode : "step";
+  }
+
   function markerX(m) {
-    if (state.xMode === "step") return m.step;
+    if (axisMode() === "step") return m.step;
     const t = state.stepTime.get(m.step);
     if (t === undefined) return null;
-    return state.xMode === "wall" ? t : t - state.firstTime;
+    return axisMode() === "wall" ? t : t - state.firstTime;
   }
 
   function markAllDirty() {
@@ -279,8 +287,8 @@ const GrpoMetricPanel = (() => {
    * time axes), the raw values and the smoothed ones, as uPlot's [xs, raw, smooth]. */
   function viewOf(s) {
     const smooth = Kit.emaUpdate(s, state.smoothing);
-    if (state.xMode === "step") return { steps: s.steps, xs: s.steps, raw: s.values, smooth };
-    const offset = state.xMode === "relative" ? state.firstTime : 0;
+    if (axisMode() === "step") return { steps: s.steps, xs: s.steps, raw: s.values, smooth };
+    const offset = axisMode() === "relative" ? state.firstTime : 0;
     let idx = [];
     for (let i = 0; i < s.steps.length; i++) if (state.stepTime.has(s.steps[i])) idx.push(i);
     const time = (i) => state.stepTime.get(s.steps[i]);
@@ -312,8 +320,8 @@ const GrpoMetricPanel = (() => {
       const span = u.scales.x.max - u.scales.x.min;
       const labels = splits.map((v) => {
         if (v === null || v === undefined) return "";
-        if (state.xMode === "wall") return Kit.clockLabel(v, span);
-        if (state.xMode === "relative") return Kit.elapsedLabel(v);
+        if (axisMode() === "wall") return Kit.clockLabel(v, span);
+        if (axisMode() === "relative") return Kit.elapsedLabel(v);
         return GrpoCharts.formatValue(v);
       });
       card.dataset.xTicks = labels.join("|");
@@ -339,16 +347,16 @@ const GrpoMetricPanel = (() => {
         points: { size: 5 },
       },
       scales: {
-        x: { time: state.xMode === "wall" },
+        x: { time: axisMode() === "wall" },
         y: { distr, log: 10, range: yRangeFor(distr) },
       },
       series: [
-        { label: X_LABEL[state.xMode] },
+        { label: X_LABEL[axisMode()] },
         { label: "raw", stroke: () => (state.smoothing > 0 ? FAINT : STRONG), width: 1.25, spanGaps: true, points: { show: false } },
         { label: "smoothed", stroke: STRONG, width: 1.75, spanGaps: true, points: { show: false }, show: state.smoothing > 0 },
       ],
       axes: [
-        { size: 28, space: state.xMode === "wall" ? 80 : state.xMode === "relative" ? 64 : 50, values: xValues(card) },
+        { size: 28, space: axisMode() === "wall" ? 80 : axisMode() === "relative" ? 64 : 50, values: xValues(card) },
         { size: Kit.axisSize, values: (u, ticks) => ticks.map(GrpoCharts.formatValue) },
       ],
       hooks: {
@@ -413,8 +421,8 @@ const GrpoMetricPanel = (() => {
     }
     const step = view.steps[idx];
     const x = view.xs[idx];
-    const where = state.xMode === "step" ? `step ${step}`
-      : state.xMode === "wall" ? `${new Date(x * 1000).toLocaleString()} · step ${step}`
+    const where = axisMode() === "step" ? `step ${step}`
+      : axisMode() === "wall" ? `${new Date(x * 1000).toLocaleString()} · step ${step}`
       : `${Kit.elapsedLabel(x)} · step ${step}`;
     const attempt = state.stepAttempt.get(step);
     const smooth = state.smoothing > 0 && view.smooth ? ` · ema ${GrpoCharts.formatValue(view.smooth[idx])}` : "";
