@@ -3,6 +3,7 @@ a logged step's delivery from the trainer's file to the browser's socket.
 
     .venv/bin/python bench/dashboard.py [--metrics 50] [--steps 5000] [--viewers 50] [--messages 200]
     .venv/bin/python bench/dashboard.py --only delivery [--delivery-viewers 5] [--messages 200]
+    .venv/bin/python bench/dashboard.py --only paint [--metrics 50] [--steps 5000]   (1. alone)
 
 1. First paint: a run with ``--metrics`` metrics x ``--steps`` steps is written to Postgres; headless
    Chromium (Playwright, Debian's chromium) logs in and opens the run page served by daphne. Reported:
@@ -19,7 +20,7 @@ a logged step's delivery from the trainer's file to the browser's socket.
 
 Uses the configured database (DATABASE_URL) and Redis; the bench run and user are deleted afterwards.
 Prints one JSON object and writes it to bench/results/dashboard-cpu.json (``--only delivery``:
-bench/results/dashboard-delivery-cpu.json).
+bench/results/dashboard-delivery-cpu.json; ``--only paint``: bench/results/dashboard-paint-cpu.json).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ def _setup_django() -> None:
 
 def _make_run(user, *, metrics: int, steps: int):
     """A finished run with ``metrics`` x ``steps`` points, written with COPY-sized bulk inserts."""
+    from datetime import timedelta
+
     from django.utils import timezone
 
-    from controlplane.runs.models import MetricPoint, Run
+    from controlplane.runs.models import MetricPoint, MetricStep, Run
 
     now = timezone.now()
     run = Run.objects.create(
@@ -82,6 +85,11 @@ def _make_run(user, *, metrics: int, steps: int):
             MetricPoint.objects.bulk_create(batch)
             batch = []
     MetricPoint.objects.bulk_create(batch)
+    # One step a second, ending now (what the page's time axes read).
+    MetricStep.objects.bulk_create(
+        MetricStep(run=run, step=step, time=now - timedelta(seconds=steps - step), attempt=1)
+        for step in range(1, steps + 1)
+    )
     return run
 
 
@@ -123,7 +131,8 @@ def bench_first_paint(base: str, run_id: int, metrics: int, steps: int, password
         for _ in range(3):  # the first load also warms caches; report each
             page.goto(f"{base}/runs/{run_id}/")
             page.wait_for_function(
-                f"document.querySelectorAll('.chart[data-points=\"{steps}\"]').length === {metrics}",
+                # A function, not an expression: the page's CSP allows no eval of a string.
+                f"() => document.querySelectorAll('.chart[data-points=\"{steps}\"]').length === {metrics}",
                 timeout=120_000,
                 polling=50,
             )
@@ -264,7 +273,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0, help="logging steps published per second")
     parser.add_argument("--delivery-viewers", type=int, default=5)
-    parser.add_argument("--only", choices=["all", "delivery"], default="all")
+    parser.add_argument("--only", choices=["all", "delivery", "paint"], default="all")
     args = parser.parse_args()
 
     _setup_django()
@@ -285,7 +294,7 @@ def main() -> None:
     }
     try:
         token = services.token_issue(username="bench-viewer")
-        if args.only == "all":
+        if args.only in ("all", "paint"):
             t0 = time.monotonic()
             big = _make_run(user, metrics=args.metrics, steps=args.steps)
             write_s = time.monotonic() - t0
@@ -296,27 +305,37 @@ def main() -> None:
                 "db_write_s": round(write_s, 1),
                 **paint,
             }
+        if args.only == "all":
             live = _make_run(user, metrics=2, steps=1)
             result["websocket_latency"] = asyncio.run(
                 _bench_latency(base, live.pk, token, args.viewers, args.messages, args.rate)
             )
-        else:  # the same viewers fed by direct publishes, at the same moment: the file's share
+        elif args.only == "delivery":  # the same viewers fed by direct publishes, at the same moment
             direct = _make_run(user, metrics=2, steps=1)
             result["direct_publish_same_load"] = asyncio.run(
                 _bench_latency(base, direct.pk, token, args.delivery_viewers, args.messages, args.rate)
             )
-        followed = _make_run(user, metrics=2, steps=1)
-        with tempfile.TemporaryDirectory(prefix="bench-delivery-") as out_dir:
-            result["file_to_socket_delivery"] = asyncio.run(
-                _bench_file_delivery(
-                    base, followed.pk, token, Path(out_dir), args.delivery_viewers, args.messages, args.rate
+        if args.only != "paint":
+            followed = _make_run(user, metrics=2, steps=1)
+            with tempfile.TemporaryDirectory(prefix="bench-delivery-") as out_dir:
+                result["file_to_socket_delivery"] = asyncio.run(
+                    _bench_file_delivery(
+                        base,
+                        followed.pk,
+                        token,
+                        Path(out_dir),
+                        args.delivery_viewers,
+                        args.messages,
+                        args.rate,
+                    )
                 )
-            )
     finally:
         daphne.terminate()
         daphne.wait(timeout=10)
         user.delete()  # cascades to the bench runs and their points
-    name = "dashboard-cpu.json" if args.only == "all" else "dashboard-delivery-cpu.json"
+    name = {"all": "dashboard-cpu.json", "delivery": "dashboard-delivery-cpu.json"}.get(
+        args.only, "dashboard-paint-cpu.json"
+    )
     out = REPO / "bench" / "results" / name
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

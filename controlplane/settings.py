@@ -246,6 +246,8 @@ GRPO_INGEST_MAX_READ_BYTES = int(os.environ.get("GRPO_INGEST_MAX_READ_BYTES", st
 GRPO_RUN_MAX_TAGS = int(os.environ.get("GRPO_RUN_MAX_TAGS", "16"))
 GRPO_RUN_TAG_MAX_CHARS = int(os.environ.get("GRPO_RUN_TAG_MAX_CHARS", "40"))
 GRPO_RUN_NOTE_MAX_CHARS = int(os.environ.get("GRPO_RUN_NOTE_MAX_CHARS", "4000"))
+# Charts a user may pin at the top of the run page (PUT /api/v1/preferences/charts/).
+GRPO_MAX_PINNED_CHARTS = int(os.environ.get("GRPO_MAX_PINNED_CHARTS", "24"))
 # Runs per page of the run list (the page and GET /api/v1/runs/ without page_size).
 GRPO_RUN_LIST_PAGE_SIZE = int(os.environ.get("GRPO_RUN_LIST_PAGE_SIZE", "50"))
 # The comparison page and GET /api/v1/runs/compare/: runs compared at once (each live one is a

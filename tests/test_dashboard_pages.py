@@ -183,8 +183,15 @@ def test_run_page_carries_what_the_dashboard_script_needs():
     assert f'data-ws="/ws/runs/{run.pk}/"' in html and 'data-max-steps="12"' in html
     assert f'data-api="/api/v1/runs/{run.pk}/"' in html
     assert 'data-catalogue="/api/v1/metrics/catalogue/"' in html  # chart groups and title tooltips
-    for script in ("vendor/uplot/uPlot.iife.min.js", "runs/charts.js", "runs/dashboard.js"):
-        assert script in html
+    scripts = (
+        "vendor/uplot/uPlot.iife.min.js",
+        "runs/charts.js",
+        "runs/chart_kit.js",
+        "runs/metric_panel.js",
+        "runs/dashboard.js",
+    )
+    assert [html.index(script) for script in scripts] == sorted(html.index(script) for script in scripts)
+    assert 'data-preferences="/api/v1/preferences/charts/"' in html  # pinned charts, per user
     assert 'id="stop-form"' in html and f'data-api="/api/v1/runs/{run.pk}/stop/"' in html
     assert Client().get(f"/runs/{run.pk}/").status_code == 302  # login required
 

@@ -3,7 +3,9 @@
 The trainer calls its sinks from one place (the main process only): the metrics of each logging
 step, the sampled completions logged with it, each checkpoint saved. ``JsonlSink`` writes the run
 output folder's ``metrics.jsonl`` and ``completions.jsonl`` (a public contract: one JSON object a
-line, ``{"step": N, ...}``; NaN written as ``null``); the checkpoint folders are their own record.
+line, ``{"step": N, ...}``; NaN written as ``null``; a metrics row also carries ``"timestamp"``, the
+unix time in seconds it was written, which is not a metric); the checkpoint folders are their own
+record.
 The control plane reads those files (``worker/tailer.py``), so the trainer process needs no database.
 """
 
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 METRICS_FILE = "metrics.jsonl"
+TIMESTAMP_KEY = "timestamp"  # a metrics row's wall time, unix seconds (float)
 COMPLETIONS_FILE = "completions.jsonl"
 
 
@@ -51,7 +55,9 @@ class JsonlSink:
         self._checked: set[str] = set()  # files whose last line is known to be whole
 
     def metrics(self, step: int, values: Mapping[str, Any]) -> None:
-        self._append(METRICS_FILE, [{"step": step, **jsonable(values)}])
+        # The wall time of the step (the dashboard's time axes); written here, not recorded in the
+        # metric window, so it is no metric (no catalogue entry, no MetricPoint).
+        self._append(METRICS_FILE, [{"step": step, **jsonable(values), TIMESTAMP_KEY: round(time.time(), 3)}])
 
     def completions(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from controlplane.runs import downloads, selectors, services
 from controlplane.runs.serializers import (
+    ChartPreferenceSerializer,
     CheckpointOutputSerializer,
     CompareApiQuerySerializer,
     CompareOutputSerializer,
@@ -327,7 +328,10 @@ class RunMetricsApi(DownloadNegotiationMixin, APIView):
             names=query.validated_data.get("names") or None,
             since_step=query.validated_data.get("since_step"),
         )
-        return Response({"series": series})
+        if query.validated_data["layout"] != "columns":
+            return Response({"series": series})
+        steps = selectors.run_metric_step_columns(run=run, since_step=query.validated_data.get("since_step"))
+        return Response({"series": series, "steps": steps})
 
 
 class CompletionGroupPagination(PageSizePagination):
@@ -438,3 +442,25 @@ class RunDiagnosisApi(APIView):
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
         return Response(DiagnosisOutputSerializer(selectors.run_diagnosis(run=run), many=True).data)
+
+
+class ChartPreferenceApi(APIView):
+    """The signed-in user's own chart settings (every user has one; nothing of anyone else's)."""
+
+    @extend_schema(
+        summary="Your pinned charts (the default pins until you save some)",
+        responses=ChartPreferenceSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.chart_preference_get(user=request.user))
+
+    @extend_schema(
+        summary="Replace your pinned charts (metric names, in order)",
+        request=ChartPreferenceSerializer,
+        responses=ChartPreferenceSerializer,
+    )
+    def put(self, request: Request) -> Response:
+        data = ChartPreferenceSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.chart_preference_update(user=request.user, pinned=data.validated_data["pinned"])
+        return Response(selectors.chart_preference_get(user=request.user))

@@ -4,7 +4,8 @@ On connect the socket sends the run's status (with the last logged step), then f
 run's channel-layer group ``run-<id>`` receives, in arrival order:
 
     {"type": "status", "status": "running", "step": 12, ...}
-    {"type": "metrics", "step": 13, "values": {"reward": 0.5, ...}}   one message per logging step
+    {"type": "metrics", "step": 13, "values": {"reward": 0.5, ...},   one message per logging step
+     "time": 1767225600.5, "attempt": 1}                               (when logged, unix s; by which attempt)
     {"type": "completions", "step": 13, "items": [...]}             one message per logged batch
     {"type": "event", "id": 7, "kind": "log", "message": "...", "created_at": "..."}
 
@@ -97,12 +98,12 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
 
     # Group message handlers: "run.metrics" -> run_metrics, etc. The "run." prefix is dropped.
     async def run_metrics(self, message: dict[str, Any]) -> None:
-        await self.send_json({"type": "metrics", "step": message["step"], "values": message["values"]})
+        await self.send_json(_metrics_message(message))
 
     async def run_metrics_batch(self, message: dict[str, Any]) -> None:
         """Several steps published together (a fast run); the socket still carries one per step."""
         for item in message["steps"]:
-            await self.send_json({"type": "metrics", "step": item["step"], "values": item["values"]})
+            await self.send_json(_metrics_message(item))
 
     async def run_completions(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "completions", "step": message["step"], "items": message["items"]})
@@ -120,3 +121,15 @@ class NotFoundConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         await self.accept()
         await self.close(code=CLOSE_NOT_FOUND)
+
+
+def _metrics_message(item: dict[str, Any]) -> dict[str, Any]:
+    """One step's ``metrics`` message; ``time`` / ``attempt`` are null from a publisher that has
+    none (a message published before they existed, during a rolling upgrade)."""
+    return {
+        "type": "metrics",
+        "step": item["step"],
+        "values": item["values"],
+        "time": item.get("time"),
+        "attempt": item.get("attempt"),
+    }

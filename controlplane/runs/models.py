@@ -201,6 +201,27 @@ class MetricPoint(models.Model):
         ]
 
 
+class MetricStep(models.Model):
+    """When a logging step was logged (the ``timestamp`` of its ``metrics.jsonl`` row, else the time
+    it was stored) and by which attempt of the run: the dashboard's wall-time and relative-time axes
+    and its resume markers (the first step of each attempt after the first). A re-logged step (a
+    resumed attempt re-doing it) takes the newer time and attempt."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps", db_index=False)
+    step = models.PositiveIntegerField()
+    time = models.DateTimeField()
+    attempt = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            # Also the index of the run's steps in order (the API's columns, since_step reads).
+            models.UniqueConstraint(fields=["run", "step"], name="metric_step_unique_run_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.step} of run {self.run_id} (attempt {self.attempt})"
+
+
 class CompletionSample(models.Model):
     """One sampled (prompt, completion) pair with its reward(s) and advantage."""
 
@@ -315,3 +336,17 @@ class RunFileCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} of run {self.run_id} at byte {self.offset}"
+
+
+class ChartPreference(models.Model):
+    """A user's chart settings on the run pages: the metric names pinned at the top, in order
+    (at most ``GRPO_MAX_PINNED_CHARTS``; the serializer checks). No row: the default pins."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chart_preference"
+    )
+    pinned = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"chart preference of user {self.user_id}"

@@ -35,11 +35,20 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404
 
-from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunEvent, RunFileCursor
+from controlplane.runs.models import (
+    ChartPreference,
+    Checkpoint,
+    CompletionSample,
+    MetricPoint,
+    MetricStep,
+    Run,
+    RunEvent,
+    RunFileCursor,
+)
 from controlplane.runs.services.ingest import finite_or_none
 from trainer import metrics as metric_catalogue
 from trainer import registry, run_schema
-from trainer.metrics import LOSS, NAMESPACES, REWARD, catalogue_payload
+from trainer.metrics import ENTROPY, LOSS, NAMESPACES, PERF_STEP_S, REWARD, catalogue_payload
 
 # The form's main hyper-parameters (the rest go in its advanced JSON box).
 MAIN_ARGS = (
@@ -210,6 +219,35 @@ def run_metric_columns(
     for name in names or ():
         columns.setdefault(name, {"steps": [], "values": []})
     return columns
+
+
+def run_metric_step_columns(*, run: Run, since_step: int | None = None) -> dict[str, list]:
+    """When each logging step was logged and by which attempt, as parallel arrays by step:
+    ``{"step": [...], "time": [unix seconds, ...], "attempt": [...]}`` (only steps > ``since_step``;
+    steps stored before timestamps were kept have no entry)."""
+    steps = MetricStep.objects.filter(run=run)
+    if since_step is not None:
+        steps = steps.filter(step__gt=since_step)
+    rows = steps.order_by("step").values_list("step", "time", "attempt")
+    columns: dict[str, list] = {"step": [], "time": [], "attempt": []}
+    for step, time, attempt in rows:
+        columns["step"].append(step)
+        columns["time"].append(round(time.timestamp(), 3))
+        columns["attempt"].append(attempt)
+    return columns
+
+
+# A user who never pinned a chart sees these first (the spec's headline numbers).
+DEFAULT_PINNED_CHARTS = (REWARD, LOSS, ENTROPY, PERF_STEP_S)
+
+
+def chart_preference_get(*, user: Any) -> dict[str, Any]:
+    """``{"pinned": [metric names, in order], "default": bool}``: the user's pinned charts, or
+    :data:`DEFAULT_PINNED_CHARTS` (``default`` true) while they never saved any."""
+    pinned = ChartPreference.objects.filter(user=user).values_list("pinned", flat=True).first()
+    if pinned is None:
+        return {"pinned": list(DEFAULT_PINNED_CHARTS), "default": True}
+    return {"pinned": list(pinned), "default": False}
 
 
 def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]]:

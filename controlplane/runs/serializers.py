@@ -19,6 +19,7 @@ from controlplane.runs.models import (
     TAGS_CEILING,
     Checkpoint,
     CompletionSample,
+    MetricPoint,
     Run,
     RunEvent,
     RunEventKind,
@@ -33,6 +34,8 @@ from controlplane.runs.selectors import (
 )
 from controlplane.runs.services.ingest import finite_or_none
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
+
+METRIC_NAME_MAX_CHARS = MetricPoint._meta.get_field("name").max_length
 
 
 def yaml_depth_error(text: str) -> str | None:
@@ -455,6 +458,35 @@ class MetricsOutputSerializer(serializers.Serializer):
         child=serializers.ListField(child=serializers.DictField()),
         help_text='{"reward": [{"step": 1, "value": 0.5}, ...]}',
     )
+    steps = serializers.DictField(
+        child=serializers.ListField(),
+        required=False,
+        help_text='layout=columns only: {"step": [...], "time": [unix seconds, ...], "attempt": [...]}, '
+        "when each step was logged and by which attempt of the run",
+    )
+
+
+class ChartPreferenceSerializer(serializers.Serializer):
+    """``PUT /api/v1/preferences/charts/``: ``pinned``, the metric names whose charts lead the run
+    page, in order (duplicates dropped; at most ``GRPO_MAX_PINNED_CHARTS``). The answer adds
+    ``default``: true while the user never saved a list (the default pins are shown)."""
+
+    pinned = serializers.ListField(child=serializers.CharField(allow_blank=False, trim_whitespace=True))
+    default = serializers.BooleanField(read_only=True)
+
+    def validate_pinned(self, value: list[str]) -> list[str]:
+        limit = settings.GRPO_MAX_PINNED_CHARTS
+        names = list(dict.fromkeys(value))
+        for name in names:
+            if len(name) > METRIC_NAME_MAX_CHARS or not name.isprintable():
+                raise serializers.ValidationError(
+                    f"{name[:40]!r}: a metric name is at most {METRIC_NAME_MAX_CHARS} printable characters"
+                )
+        if len(names) > limit:
+            raise serializers.ValidationError(
+                f"{len(names)} pinned charts; at most {limit} (GRPO_MAX_PINNED_CHARTS): unpin some first"
+            )
+        return names
 
 
 class CompletionsQuerySerializer(serializers.Serializer):

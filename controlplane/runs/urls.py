@@ -37,4 +37,5 @@ api_patterns = [
     path("runs/<int:run_id>/events/", api.RunEventsApi.as_view(), name="run-events"),
     path("runs/<int:run_id>/checkpoints/", api.RunCheckpointsApi.as_view(), name="run-checkpoints"),
     path("runs/<int:run_id>/diagnosis/", api.RunDiagnosisApi.as_view(), name="run-diagnosis"),
+    path("preferences/charts/", api.ChartPreferenceApi.as_view(), name="chart-preferences"),
 ]

@@ -101,5 +101,5 @@ const GrpoCharts = (() => {
     return { lookup, namespaces: (payload && payload.namespaces) || [] };
   }
 
-  return { PALETTE, formatValue, formatDuration, lineChart, fitWidths, namespaceOf, catalogue };
+  return { PALETTE, formatValue, formatDuration, yRange, lineChart, fitWidths, namespaceOf, catalogue };
 })();

@@ -5,8 +5,8 @@
 //   GET  {catalogue}                    the metric catalogue: chart groups, their order, title tooltips
 //   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
 //
-// Charts are redrawn at most once per animation frame however many messages arrive; the diagnosis is
-// re-fetched at most every DIAGNOSIS_EVERY_MS while metrics flow.
+// The metric charts are static/runs/metric_panel.js (GrpoMetricPanel: fed below, drawn at most once
+// per animation frame); the diagnosis is re-fetched at most every DIAGNOSIS_EVERY_MS while metrics flow.
 "use strict";
 
 (() => {
@@ -22,17 +22,14 @@
     status: root.dataset.status,
     maxSteps: parseInt(root.dataset.maxSteps, 10) || null,
     lastStep: 0,
-    series: new Map(), // name -> {steps, values, el, chart, dirty}
     historyLoaded: false,
     buffered: [], // socket messages that arrived before the history
-    frame: 0,
     diagnosisAt: 0,
     diagnosisTimer: 0,
     eventIds: new Set(), // ids of the events shown (the socket and a backfill may both carry one)
     lastEventId: 0,
     everOpen: false, // a socket has been open once: the next open is a reconnect
     reconnects: 0, // socket re-opens after a drop (root.dataset.reconnects mirrors it for tests)
-    catalogue: GrpoCharts.catalogue(null), // replaced by the server's before any chart is made
   };
 
   // ---------------------------------------------------------------- helpers
@@ -65,113 +62,11 @@
     });
   }
 
-  /** Index of the first element >= x in a sorted array. */
-  function lowerBound(arr, x) {
-    let lo = 0, hi = arr.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >> 1;
-      if (arr[mid] < x) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
-
-  // ---------------------------------------------------------------- metrics and charts
-  function groupSection(namespace) {
-    let section = document.querySelector(`.metric-group[data-group="${CSS.escape(namespace)}"]`);
-    if (section) return section.querySelector(".charts");
-    const container = document.getElementById("charts");
-    section = el("section", { class: "metric-group", "data-group": namespace },
-      el("h3", { text: namespace === "train" ? "reward, loss and training" : namespace + "/" }),
-      el("div", { class: "charts" }));
-    // Keep namespaces in the catalogue's (the spec's) reading order; unknown ones go last, alphabetically.
-    const order = state.catalogue.namespaces;
-    const rank = (ns) => { const i = order.indexOf(ns); return i < 0 ? order.length : i; };
-    const after = [...container.querySelectorAll(".metric-group")].find((s) => {
-      const other = s.dataset.group;
-      return rank(other) > rank(namespace) || (rank(other) === rank(namespace) && other > namespace);
-    });
-    container.insertBefore(section, after || null);
-    document.getElementById("charts-empty")?.remove();
-    return section.querySelector(".charts");
-  }
-
-  function seriesFor(name) {
-    let s = state.series.get(name);
-    if (s) return s;
-    const declared = state.catalogue.lookup(name);
-    const charts = groupSection(declared ? declared.namespace : GrpoCharts.namespaceOf(name));
-    const last = el("span", { class: "chart-last" });
-    const box = el("div", { class: "chart-plot" });
-    // The title's tooltip is the catalogue's help text (a plugin's undeclared metric has none).
-    const title = el("span", declared ? { text: name, title: declared.help } : { text: name });
-    const card = el("div", { class: "chart", "data-metric": name, "data-points": "0" },
-      el("div", { class: "chart-title" }, title, last), box);
-    // "reward" and the loss lead their group; the rest keep name order.
-    const rank = (m) => (m === "reward" ? "0" : m === "loss" ? "1" : "2" + m);
-    const before = [...charts.children].find((c) => rank(c.dataset.metric) > rank(name));
-    charts.insertBefore(card, before || null);
-    s = { steps: [], values: [], card, box, last, chart: null, dirty: true };
-    state.series.set(name, s);
-    applyFilter(card);
-    return s;
-  }
-
-  function addPoint(name, step, value) {
-    const s = seriesFor(name);
-    const n = s.steps.length;
-    if (n === 0 || step > s.steps[n - 1]) {
-      s.steps.push(step);
-      s.values.push(value);
-    } else {
-      // A re-logged step (a resumed attempt) replaces the value; a late one is inserted in order.
-      const i = lowerBound(s.steps, step);
-      if (s.steps[i] === step) s.values[i] = value;
-      else { s.steps.splice(i, 0, step); s.values.splice(i, 0, value); }
-    }
-    s.dirty = true;
-  }
-
-  function scheduleDraw() {
-    if (!state.frame) state.frame = requestAnimationFrame(draw);
-  }
-
-  function draw() {
-    state.frame = 0;
-    for (const [name, s] of state.series) {
-      if (!s.dirty) continue;
-      s.dirty = false;
-      if (s.card.hidden) { s.dirty = true; continue; } // drawn when the filter shows it
-      const data = [s.steps, s.values];
-      if (!s.chart) s.chart = GrpoCharts.lineChart(s.box, [name], data);
-      else s.chart.setData(data);
-      s.card.dataset.points = String(s.steps.length);
-      s.last.textContent = GrpoCharts.formatValue(s.values[s.values.length - 1]);
-    }
-  }
-
-  function applyFilter(card) {
-    const q = document.getElementById("metric-filter").value.trim().toLowerCase();
-    card.hidden = q !== "" && !card.dataset.metric.toLowerCase().includes(q);
-  }
-
-  document.getElementById("metric-filter").addEventListener("input", () => {
-    for (const s of state.series.values()) applyFilter(s.card);
-    for (const section of document.querySelectorAll(".metric-group")) {
-      section.hidden = [...section.querySelectorAll(".chart")].every((c) => c.hidden);
-    }
-    scheduleDraw();
-  });
-
-  window.addEventListener("resize", () => {
-    GrpoCharts.fitWidths([...state.series.values()].map((s) => s.chart).filter(Boolean));
-  });
-
-  function onMetrics(step, values) {
-    for (const [name, value] of Object.entries(values)) addPoint(name, step, value);
-    if (step > state.lastStep) state.lastStep = step;
+  // ---------------------------------------------------------------- metrics (charts: metric_panel.js)
+  function onMetrics(msg) {
+    GrpoMetricPanel.onMetrics(msg);
+    if (msg.step > state.lastStep) state.lastStep = msg.step;
     updateProgress();
-    scheduleDraw();
     scheduleDiagnosis();
   }
 
@@ -202,7 +97,7 @@
     document.getElementById("run-step").textContent = `step ${state.lastStep || "–"}${total ? " / " + total : ""}`;
     document.getElementById("run-progress").style.width = total ? `${Math.min(100, (100 * state.lastStep) / total)}%` : "0%";
     const eta = document.getElementById("run-eta");
-    const stepTimes = state.series.get("perf/step_s");
+    const stepTimes = GrpoMetricPanel.series("perf/step_s");
     if (!total || !ACTIVE.has(state.status) || !stepTimes || stepTimes.values.length === 0) {
       eta.textContent = "";
       return;
@@ -398,7 +293,7 @@
       state.buffered.push(msg);
       return;
     }
-    if (msg.type === "metrics") onMetrics(msg.step, msg.values);
+    if (msg.type === "metrics") onMetrics(msg);
     else if (msg.type === "completions") GrpoCompletionPanel.live(msg.step, msg.items);
     else if (msg.type === "status") {
       setStatus(msg);
@@ -449,18 +344,15 @@
       getJSON(eventQuery({ after_id: state.lastEventId })),
       GrpoCompletionPanel.backfill(),
     ]);
-    loadMetricColumns(metrics.series);
+    loadMetricColumns(metrics);
     for (const e of events) addEvent(e);
   }
 
-  function loadMetricColumns(series) {
-    for (const [name, col] of Object.entries(series)) {
-      for (let i = 0; i < col.steps.length; i++) addPoint(name, col.steps[i], col.values[i]);
-      const n = col.steps.length;
-      if (n && col.steps[n - 1] > state.lastStep) state.lastStep = col.steps[n - 1];
-    }
+  /** GET metrics/?layout=columns: {series, steps}. */
+  function loadMetricColumns(payload) {
+    GrpoMetricPanel.addColumns(payload);
+    state.lastStep = Math.max(state.lastStep, GrpoMetricPanel.lastStep());
     updateProgress();
-    scheduleDraw();
   }
 
   async function loadHistory() {
@@ -469,8 +361,8 @@
       getJSON("metrics/?layout=columns"),
       getJSON(eventQuery()),
     ]);
-    state.catalogue = GrpoCharts.catalogue(catalogue);
-    loadMetricColumns(metrics.series);
+    GrpoMetricPanel.init(catalogue);
+    loadMetricColumns(metrics);
     for (const e of events) addEvent(e);
     state.historyLoaded = true;
     for (const msg of state.buffered.splice(0)) handle(msg);
@@ -478,8 +370,8 @@
   }
 
   connect(); // subscribe first: nothing produced while the history loads is lost
-  GrpoCompletionPanel.load().catch((err) => console.warn("completions", err)); // buffers live samples until its first page
   loadPlacement();
+  GrpoCompletionPanel.load().catch((err) => console.warn("completions", err)); // buffers live samples until its first page
   loadHistory().catch((err) => {
     document.getElementById("charts").append(el("p", { class: "errorlist", text: `could not load the history: ${err}` }));
     state.historyLoaded = true;

@@ -9,6 +9,7 @@
 * :mod:`.stream`: the run's channel-layer group (``run-<id>``) and what is published to it.
 * :mod:`.demo`: the demo run ``make run`` starts.
 * :mod:`.annotations`: a run's tags and note, written by its owner.
+* :mod:`.preferences`: a user's chart settings (pinned charts).
 
 The names callers use are re-exported here (``services.run_create``); the modules are the rooms.
 """
@@ -40,6 +41,7 @@ from controlplane.runs.services.lifecycle import (
     run_stop,
     runs_fail_stale,
 )
+from controlplane.runs.services.preferences import chart_preference_update
 from controlplane.runs.services.stream import (
     MAX_PUBLISHED_TEXT_CHARS,
     run_group,
@@ -49,6 +51,7 @@ from controlplane.runs.services.stream import (
 )
 
 __all__ = [
+    "chart_preference_update",
     "MAX_EVENT_CHARS",
     "MAX_PUBLISHED_TEXT_CHARS",
     "SUPERVISE_TASK",

@@ -16,7 +16,15 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, RunEventKind, RunFileCursor
+from controlplane.runs.models import (
+    Checkpoint,
+    CompletionSample,
+    MetricPoint,
+    MetricStep,
+    Run,
+    RunEventKind,
+    RunFileCursor,
+)
 from controlplane.runs.services.lifecycle import run_event_create
 from controlplane.runs.services.stream import MAX_PUBLISHED_TEXT_CHARS, run_message_publish
 
@@ -34,26 +42,45 @@ def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -
     return metric_steps_ingest(run_id=run_id, steps=[(step, values)])
 
 
+# Not a metric: a metrics.jsonl row's wall time (unix seconds), stored on the step (MetricStep).
+TIMESTAMP_KEY = "timestamp"
+MAX_TIMESTAMP = 32503680000.0  # 3000-01-01
+
+
 def metric_steps_ingest(
     *, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]], publish: bool = True
 ) -> int:
     """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
-    publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values"}`` for one
-    step, ``{"type": "run.metrics.batch", "steps": [{"step", "values"}, ...]}`` for several (the
-    websocket consumer forwards each step as its own ``metrics`` message). Non-numeric values are
-    skipped; a name logged twice for one step keeps the later value. Returns the count stored."""
+    publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values", "time",
+    "attempt"}`` for one step, ``{"type": "run.metrics.batch", "steps": [{"step", "values", "time",
+    "attempt"}, ...]}`` for several (the websocket consumer forwards each step as its own
+    ``metrics`` message). Non-numeric values are skipped; a name logged twice for one step keeps the
+    later value. A step's ``timestamp`` (unix seconds; absent: the time of storing) is no metric: it
+    goes with the run's current attempt to the step's :class:`MetricStep` row (``time``: unix
+    seconds in the message). Returns the count of metric points stored."""
     values_by_step: dict[int, dict[str, float]] = {}
+    times: dict[int, float | None] = {}
     for step, values in steps:
         kept = values_by_step.setdefault(int(step), {})
+        stamp = values.get(TIMESTAMP_KEY)
+        # Out of Postgres' range or not a number: the time of storing instead (never a refused row).
+        times[int(step)] = float(stamp) if _finite_number(stamp) and 0 <= stamp < MAX_TIMESTAMP else None
         for name, value in values.items():
-            if isinstance(value, int | float) and name != "step":
+            if isinstance(value, int | float) and name not in ("step", TIMESTAMP_KEY):
                 kept[str(name)[:200]] = float(value)
     points = [(step, name, value) for step, kept in values_by_step.items() for name, value in kept.items()]
     if not points:
         return 0
-    _metric_points_upsert(run_id, points)
+    stamps = _metric_steps_upsert(
+        run_id, points, {step: times[step] for step, kept in values_by_step.items() if kept}
+    )
     items = [
-        {"step": step, "values": {name: finite_or_none(value) for name, value in kept.items()}}
+        {
+            "step": step,
+            "values": {name: finite_or_none(value) for name, value in kept.items()},
+            "time": stamps[step][0],
+            "attempt": stamps[step][1],
+        }
         for step, kept in sorted(values_by_step.items())
         if kept
     ]
@@ -67,18 +94,46 @@ def metric_steps_ingest(
     return len(points)
 
 
-def _metric_points_upsert(run_id: int, points: list[tuple[int, str, float]]) -> None:
-    """``points``: (step, name, value). One ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO
-    UPDATE``: three array parameters instead of four placeholders per row, so a 1,000-point batch is
-    one short statement (bench/load.py: about 2x ``bulk_create``). The table's constraints apply."""
-    table = MetricPoint._meta.db_table
+def _metric_steps_upsert(
+    run_id: int, points: list[tuple[int, str, float]], times: Mapping[int, float | None]
+) -> dict[int, tuple[float, int]]:
+    """One statement for a batch of steps: the points and each step's :class:`MetricStep`.
+
+    ``points``: (step, name, value), upserted on (run, name, step) by ``INSERT ... SELECT FROM
+    unnest(arrays)``: three array parameters instead of four placeholders per row, so a 1,000-point
+    batch is one short statement (bench/load.py: about 2x ``bulk_create``). ``times``: step -> unix
+    seconds, or None for "now" (the transaction's time); each step's row gets the run's current
+    attempt (at least 1). Re-storing a step (a re-read, a resumed attempt re-doing it) replaces its
+    values, time and attempt, so the same line read twice stores the same thing. The points' insert
+    is a data-modifying CTE (Postgres runs it to completion whether or not it is read). Returns
+    ``{step: (unix seconds, attempt)}`` as stored. The tables' constraints apply."""
+    point_table = MetricPoint._meta.db_table
+    step_table = MetricStep._meta.db_table
+    run_table = Run._meta.db_table
+    steps = sorted(times)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (run_id, step, name, value) "
+            f"WITH points AS (INSERT INTO {point_table} (run_id, step, name, value) "
             "SELECT %s, s, n, v FROM unnest(%s::integer[], %s::varchar[], %s::double precision[]) AS t(s, n, v) "
-            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value",
-            [run_id, [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]],
+            "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value) "
+            f"INSERT INTO {step_table} (run_id, step, time, attempt) "
+            "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
+            f"(SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s) "
+            "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
+            "ON CONFLICT (run_id, step) DO UPDATE SET time = EXCLUDED.time, attempt = EXCLUDED.attempt "
+            "RETURNING step, extract(epoch FROM time)::double precision, attempt",
+            [
+                run_id,
+                [p[0] for p in points],
+                [p[1] for p in points],
+                [p[2] for p in points],
+                run_id,
+                run_id,
+                steps,
+                [times[s] for s in steps],
+            ],
         )
+        return {step: (stamp, attempt) for step, stamp, attempt in cursor.fetchall()}
 
 
 def completion_samples_ingest(
@@ -201,6 +256,10 @@ def _text(value: Any) -> str:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text.replace("\x00", "")  # Postgres text cannot hold NUL; a sampled byte token can be one
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _float_or_none(value: Any) -> float | None:
