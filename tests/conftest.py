@@ -59,6 +59,15 @@ __all__ = [
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+def browser_login(page, base: str, username: str, password: str, next_path: str = "/runs/") -> None:
+    """Log ``page`` (Playwright) in through the login form of the site at ``base``, bound for
+    ``next_path``; the caller waits for what it expects there."""
+    page.goto(f"{base}/runs/login/?next={next_path}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+
+
 class DbThread:
     """ORM calls from a test that also drives Playwright's sync API, whose event loop makes Django
     refuse synchronous database calls in the test's own thread: one worker thread, with its own

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.runs.models import Run, RunStatus
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,10 +71,7 @@ def test_compare_page_overlays_metrics_live_with_names_diff_and_compare_with(tmp
         sockets: list[str] = []
         page.on("websocket", lambda ws: sockets.append(ws.url))
         try:
-            page.goto(f"{base}/runs/login/?next=/runs/")
-            page.fill("input[name=username]", "alice")
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, base, "alice", PASSWORD, "/runs/")
             page.wait_for_url("**/runs/")
 
             # Two metrics of three runs, one chart each, every run's points drawn.

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from controlplane.runs.models import Run, RunStatus
-from tests.conftest import CHROMIUM, REPO, daphne_on_test_db
+from tests.conftest import CHROMIUM, REPO, browser_login, daphne_on_test_db
 
 
 @pytest.fixture
@@ -40,10 +40,7 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
         )
         try:
             # Log in and start a run from the form.
-            page.goto(web_server + "/runs/login/?next=/runs/new/")
-            page.fill("input[name=username]", "viewer")
-            page.fill("input[name=password]", "s3cret-pass")
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, web_server, "viewer", "s3cret-pass", "/runs/new/")
             page.wait_for_url("**/runs/new/")
             page.fill("input[name=model]", "tiny")
             page.fill("input[name=train_dataset]", "arithmetic-small")
@@ -186,10 +183,7 @@ def test_chart_titles_carry_the_catalogue_help_as_tooltips(transactional_db, tmp
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         try:
-            page.goto(f"{base}/runs/login/?next=/runs/{run.pk}/")
-            page.fill("input[name=username]", "reader")
-            page.fill("input[name=password]", "s3cret-pass")
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, base, "reader", "s3cret-pass", f"/runs/{run.pk}/")
             page.wait_for_selector('.chart[data-metric="my_plugin/score"]', timeout=30_000)
             titles = page.eval_on_selector_all(
                 ".chart",

@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import Run
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,10 +28,7 @@ def _card(metric: str) -> str:
 
 
 def _login(page, base: str, user: str, run_id: int) -> None:
-    page.goto(f"{base}/runs/login/?next=/runs/{run_id}/")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit], input[type=submit]")
+    browser_login(page, base, user, PASSWORD, f"/runs/{run_id}/")
 
 
 def _data(page, metric: str, key: str) -> str | None:

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,10 +80,7 @@ def test_completions_table_pages_sorts_filters_searches_and_follows_live_samples
                 page.select_option(selector, value)
 
         try:
-            page.goto(f"{base}/runs/login/?next=/runs/{run.pk}/")
-            page.fill("input[name=username]", "watcher")
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, base, "watcher", PASSWORD, f"/runs/{run.pk}/")
             page.wait_for_selector("#conn.live", timeout=30_000)
 
             # First page: the ten newest groups, whole (4 rollouts each), of 60.

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from controlplane.runs import services
 from controlplane.runs.models import RunEventKind
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,10 +61,7 @@ def test_diagnosis_strip_expands_and_events_filter_and_search(tmp_path):
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         try:
-            page.goto(f"{base}/runs/login/?next=/runs/{run.pk}/")
-            page.fill("input[name=username]", "watcher")
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, base, "watcher", PASSWORD, f"/runs/{run.pk}/")
             page.wait_for_selector("#conn.live", timeout=30_000)
 
             # The strip: one chip per topic, in one short line; the cards stay closed.

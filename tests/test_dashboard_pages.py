@@ -185,9 +185,11 @@ def test_run_page_carries_what_the_dashboard_script_needs():
     assert 'data-catalogue="/api/v1/metrics/catalogue/"' in html  # chart groups and title tooltips
     scripts = (
         "vendor/uplot/uPlot.iife.min.js",
+        "runs/dom.js",
         "runs/charts.js",
         "runs/chart_kit.js",
         "runs/metric_panel.js",
+        "runs/completion_panel.js",
         "runs/dashboard.js",
     )
     assert [html.index(script) for script in scripts] == sorted(html.index(script) for script in scripts)

@@ -22,7 +22,7 @@ from django.utils import timezone
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db, free_port
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,10 +74,7 @@ def _open_run_page(pw, base: str, run: Run):
         ws.on("framereceived", lambda payload: frames.append(json.loads(payload)))
 
     page.on("websocket", on_socket)
-    page.goto(f"{base}/runs/login/?next=/runs/{run.pk}/")
-    page.fill("input[name=username]", "watcher")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit], input[type=submit]")
+    browser_login(page, base, "watcher", PASSWORD, f"/runs/{run.pk}/")
     page.wait_for_url(f"**/runs/{run.pk}/")
     page.wait_for_selector("#conn.live", timeout=30_000)
     return browser, page, sockets, frames

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from controlplane.runs import services
 from controlplane.runs.models import MetricPoint, Run, RunStatus
-from tests.conftest import PYTHON, REPO, start_celery_worker
+from tests.conftest import PYTHON, REPO, browser_login, start_celery_worker
 from worker.processes import wait_for
 
 MODEL_COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -197,10 +197,7 @@ def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_in
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             try:
-                page.goto(base + "/runs/login/?next=/runs/new/")
-                page.fill("input[name=username]", "former")
-                page.fill("input[name=password]", "s3cret-pass")
-                page.click("button[type=submit], input[type=submit]")
+                browser_login(page, base, "former", "s3cret-pass", "/runs/new/")
                 page.wait_for_url("**/runs/new/")
                 # Typed as a user would; Escape closes the datalist's suggestions (they cover the
                 # fields below), leaving the field fires its change event.

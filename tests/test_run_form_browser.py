@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunStatus
 from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 
 PASSWORD = "s3cret-pass"
 
@@ -65,10 +65,7 @@ def page(web_server, viewer):
             "console",
             lambda msg: page.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
         )
-        page.goto(web_server + "/runs/login/?next=/runs/")
-        page.fill("input[name=username]", "viewer")
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit], input[type=submit]")
+        browser_login(page, web_server, "viewer", PASSWORD, "/runs/")
         page.wait_for_url("**/runs/")
         try:
             yield page
@@ -164,10 +161,7 @@ def test_choosing_a_dataset_previews_its_columns_and_rows(web_server, viewer):
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page()
         try:
-            page.goto(web_server + "/runs/login/?next=/runs/new/")
-            page.fill("input[name=username]", "viewer")
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, web_server, "viewer", PASSWORD, "/runs/new/")
             page.wait_for_url("**/runs/new/")
             page.fill("input[name=train_dataset]", "arithmetic-small")
             page.dispatch_event("input[name=train_dataset]", "change")

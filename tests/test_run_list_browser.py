@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from controlplane.runs.models import MetricPoint, Run, RunStatus
-from tests.conftest import CHROMIUM, DbThread, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
 
 
 @pytest.fixture
@@ -79,10 +79,7 @@ def test_run_list_filters_updates_live_and_runs_carry_tags_notes_and_downloads(w
         )
         rows = "#runs tbody tr[data-run-id]"
         try:
-            page.goto(web_server + "/runs/login/?next=/runs/")
-            page.fill("input[name=username]", "alice")
-            page.fill("input[name=password]", "s3cret-pass")
-            page.click("button[type=submit], input[type=submit]")
+            browser_login(page, web_server, "alice", "s3cret-pass", "/runs/")
             page.wait_for_url("**/runs/")
             # Newest first, two a page; bob's run is not listed.
             assert page.locator(rows).count() == 2 and "page 1 of 2" in page.inner_text("#pager")

@@ -76,13 +76,15 @@ const GrpoChartKit = (() => {
    */
   function axisSize(u, values, axisIdx, cycleNum) {
     const axis = u.axes[axisIdx];
-    if (cycleNum > 1 && axis._size) return axis._size; // settled: uPlot re-asks while it converges
     let widest = 0;
     if (values && values.length) {
       u.ctx.font = axis.font[0];
       for (const v of values) if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
     }
-    return Math.ceil(widest / (window.devicePixelRatio || 1) + axis.ticks.size + axis.gap + 4);
+    const size = Math.ceil(widest / (window.devicePixelRatio || 1) + axis.ticks.size + axis.gap + 4);
+    // uPlot re-asks while the layout converges, and the narrower plot may bring longer labels
+    // ("0.75" after "0.5"): never shrink within one layout, so the last labels asked for fit.
+    return cycleNum > 1 && axis._size ? Math.max(size, axis._size) : size;
   }
 
   /** Seconds as a short clock label for a wall-time axis spanning `span` seconds. */

@@ -29,16 +29,7 @@
   const runState = runs.map(() => ({ loaded: false, buffered: [], lastStep: 0, socket: null, everOpen: false }));
   let frame = 0;
 
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs)) {
-      if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
-      else node.setAttribute(k, v);
-    }
-    for (const child of children) if (child !== null && child !== undefined) node.append(child);
-    return node;
-  }
+  const { el } = GrpoDom;
 
   function colour(i) {
     return GrpoCharts.PALETTE[i % GrpoCharts.PALETTE.length];

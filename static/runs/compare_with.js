@@ -20,16 +20,7 @@
   let timer = 0;
   let loaded = false;
 
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs)) {
-      if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
-      else node.setAttribute(k, v);
-    }
-    for (const child of children) if (child !== null && child !== undefined) node.append(child);
-    return node;
-  }
+  const { el } = GrpoDom;
 
   function showPicked() {
     open.disabled = picked.size === 0;

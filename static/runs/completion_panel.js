@@ -33,29 +33,11 @@ window.GrpoCompletionPanel = (() => {
   };
 
   // ---------------------------------------------------------------- helpers
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs)) {
-      if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
-      else node.setAttribute(k, v);
-    }
-    for (const child of children) if (child !== null && child !== undefined) node.append(child);
-    return node;
-  }
+  const { el } = GrpoDom;
 
   const fmt = (v) => (v === null || v === undefined ? "–" : GrpoCharts.formatValue(v));
 
-  async function fetchJSON(url) {
-    const resp = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-    const body = await resp.json().catch(() => ({}));
-    if (!resp.ok) {
-      const err = new Error(`${url}: HTTP ${resp.status}`);
-      err.body = body;
-      throw err;
-    }
-    return body;
-  }
+  const { fetchJSON } = GrpoDom;
 
   function isDefaultView() {
     const v = state.view;

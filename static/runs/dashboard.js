@@ -33,22 +33,9 @@
   };
 
   // ---------------------------------------------------------------- helpers
-  function el(tag, attrs = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs)) {
-      if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
-      else node.setAttribute(k, v);
-    }
-    for (const child of children) if (child !== null && child !== undefined) node.append(child);
-    return node;
-  }
+  const { el } = GrpoDom;
 
-  async function fetchJSON(url) {
-    const resp = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-    if (!resp.ok) throw new Error(`${url}: HTTP ${resp.status}`);
-    return resp.json();
-  }
+  const { fetchJSON } = GrpoDom;
 
   function getJSON(path) {
     return fetchJSON(API + path);
