@@ -86,6 +86,26 @@ def test_a_resumed_attempt_re_logging_steps_records_its_attempt_and_the_api_serv
     assert set(client.get(f"/api/v1/runs/{run.pk}/metrics/").json()) == {"series"}
 
 
+def test_lines_a_killed_attempt_left_unread_keep_its_attempt_when_the_next_one_catches_up(tmp_path):
+    """The supervisor of attempt 2 first stores what attempt 1's killed worker had not (as attempt
+    1's: the resume marker stays where the run restarted), then attempt 2's own lines."""
+    owner = make_user("catchup")
+    run = make_run(owner)
+    sink = JsonlSink(tmp_path)
+    for step in (1, 2):
+        sink.metrics(step, {"reward": 0.1 * step})
+    RunOutputTailer(run_id=run.pk, output_dir=tmp_path).poll()
+    for step in (3, 4):  # written by attempt 1's trainer; its worker was killed before storing them
+        sink.metrics(step, {"reward": 0.1 * step})
+    Run.objects.filter(pk=run.pk).update(attempt=2)
+    tailer = RunOutputTailer(run_id=run.pk, output_dir=tmp_path)
+    tailer.drain(attempt=1)  # as RunSupervisor._attempt does before starting attempt 2's trainer
+    sink.metrics(3, {"reward": 0.9})  # attempt 2 resumed from the checkpoint of step 2
+    tailer.poll()
+    attempts = dict(MetricStep.objects.filter(run=run).values_list("step", "attempt"))
+    assert attempts == {1: 1, 2: 1, 3: 2, 4: 1}
+
+
 def test_the_published_message_carries_time_and_attempt(monkeypatch, django_capture_on_commit_callbacks):
     from controlplane.runs.consumers import _metrics_message
 

@@ -192,9 +192,10 @@ class RunSupervisor:
             self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
-        # What the last attempt wrote that its worker had not stored (killed with it), then a fresh
-        # completions block for this attempt's re-done steps.
-        self.tailer.drain()
+        # What the last attempt wrote that its worker had not stored (killed with it), as that
+        # attempt's (the charts' resume marker stays where it restarted), then a fresh completions
+        # block for this attempt's re-done steps.
+        self.tailer.drain(attempt=max(1, self.run_obj.attempt - 1))
         self.tailer.new_attempt()
         self._start_trainer(config_path, checkpoint)
         resumed_from = None

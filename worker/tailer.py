@@ -88,10 +88,11 @@ class RunOutputTailer:
         self._checkpoints: set[int] | None = None
         self._next_scan = 0.0
 
-    def poll(self, *, now: float | None = None) -> int:
+    def poll(self, *, now: float | None = None, attempt: int | None = None) -> int:
         """Store what was added since the last poll (``now``: ``time.monotonic()``, to scan for
-        checkpoints at most every ``CHECKPOINT_SCAN_S``; None scans); returns how many lines and
-        checkpoints it consumed."""
+        checkpoints at most every ``CHECKPOINT_SCAN_S``; None scans; ``attempt``: the attempt that
+        wrote the lines, None for the run's current one); returns how many lines and checkpoints it
+        consumed."""
         self._load()
         read = self._read(scan=now is None or now >= self._next_scan)
         if now is not None and now >= self._next_scan:
@@ -99,19 +100,20 @@ class RunOutputTailer:
         if not read.records and not read.checkpoints and not read.cursors:
             return 0
         try:
-            self._store(read.records, read.checkpoints, read.cursors)
+            self._store(read.records, read.checkpoints, read.cursors, attempt)
         except (IntegrityError, DataError):
             logger.warning("run %s: a batch was refused; storing its lines one by one", self.run_id)
-            self._store_one_by_one(read)
+            self._store_one_by_one(read, attempt)
         else:
             self._cursors.update(read.cursors)
             self._checkpoints.update(step for step, _ in read.checkpoints)
         return read.lines + len(read.checkpoints)
 
-    def drain(self) -> int:
-        """Poll until nothing is left (the end of an attempt, or catching up before one)."""
+    def drain(self, *, attempt: int | None = None) -> int:
+        """Poll until nothing is left (the end of an attempt, or catching up before one: then
+        ``attempt`` names the attempt that wrote what is left)."""
         total = 0
-        while stored := self.poll():
+        while stored := self.poll(attempt=attempt):
             total += stored
         return total
 
@@ -190,7 +192,11 @@ class RunOutputTailer:
 
     # ------------------------------------------------------------------------------------ storing
     def _store(
-        self, records: list[_Record], checkpoints: list[tuple[int, str]], cursors: dict[str, _Cursor]
+        self,
+        records: list[_Record],
+        checkpoints: list[tuple[int, str]],
+        cursors: dict[str, _Cursor],
+        attempt: int | None = None,
     ) -> None:
         metrics = [(r.step, _metric_values(r.payload)) for r in records if r.name == METRICS_FILE]
         blocks: list[tuple[int, int, list[dict[str, Any]]]] = []
@@ -207,9 +213,10 @@ class RunOutputTailer:
             completions=blocks,
             checkpoints=checkpoints,
             cursors={name: c.saved() for name, c in cursors.items()},
+            attempt=attempt,
         )
 
-    def _store_one_by_one(self, read: _Read) -> None:
+    def _store_one_by_one(self, read: _Read, attempt: int | None = None) -> None:
         """After a refused batch: each line (and checkpoint) in its own transaction with its offset;
         a refused one is logged and skipped. Connection errors still propagate (nothing is lost:
         the next poll reads again from the last saved offsets, and re-storing is harmless)."""
@@ -219,7 +226,7 @@ class RunOutputTailer:
             self._checkpoints.add(step)
         for record in read.records:
             with _refused_skipped(self.run_id, f"{record.name} line of step {record.step}"):
-                self._store([record], [], {record.name: record.cursor})
+                self._store([record], [], {record.name: record.cursor}, attempt)
         self._store([], [], read.cursors)  # past the refused lines too
         self._cursors.update(read.cursors)
 

@@ -48,7 +48,11 @@ MAX_TIMESTAMP = 32503680000.0  # 3000-01-01
 
 
 def metric_steps_ingest(
-    *, run_id: int, steps: Sequence[tuple[int, Mapping[str, Any]]], publish: bool = True
+    *,
+    run_id: int,
+    steps: Sequence[tuple[int, Mapping[str, Any]]],
+    publish: bool = True,
+    attempt: int | None = None,
 ) -> int:
     """Store several logging steps' metrics in one statement (upsert on (run, name, step)) and
     publish them in one channel-layer message: ``{"type": "run.metrics", "step", "values", "time",
@@ -56,8 +60,8 @@ def metric_steps_ingest(
     "attempt"}, ...]}`` for several (the websocket consumer forwards each step as its own
     ``metrics`` message). Non-numeric values are skipped; a name logged twice for one step keeps the
     later value. A step's ``timestamp`` (unix seconds; absent: the time of storing) is no metric: it
-    goes with the run's current attempt to the step's :class:`MetricStep` row (``time``: unix
-    seconds in the message). Returns the count of metric points stored."""
+    goes with ``attempt`` (None: the run's current one) to the step's :class:`MetricStep` row
+    (``time``: unix seconds in the message). Returns the count of metric points stored."""
     values_by_step: dict[int, dict[str, float]] = {}
     times: dict[int, float | None] = {}
     for step, values in steps:
@@ -72,7 +76,7 @@ def metric_steps_ingest(
     if not points:
         return 0
     stamps = _metric_steps_upsert(
-        run_id, points, {step: times[step] for step, kept in values_by_step.items() if kept}
+        run_id, points, {step: times[step] for step, kept in values_by_step.items() if kept}, attempt
     )
     items = [
         {
@@ -95,15 +99,18 @@ def metric_steps_ingest(
 
 
 def _metric_steps_upsert(
-    run_id: int, points: list[tuple[int, str, float]], times: Mapping[int, float | None]
+    run_id: int,
+    points: list[tuple[int, str, float]],
+    times: Mapping[int, float | None],
+    attempt: int | None = None,
 ) -> dict[int, tuple[float, int]]:
     """One statement for a batch of steps: the points and each step's :class:`MetricStep`.
 
     ``points``: (step, name, value), upserted on (run, name, step) by ``INSERT ... SELECT FROM
     unnest(arrays)``: three array parameters instead of four placeholders per row, so a 1,000-point
     batch is one short statement (bench/load.py: about 2x ``bulk_create``). ``times``: step -> unix
-    seconds, or None for "now" (the transaction's time); each step's row gets the run's current
-    attempt (at least 1). Re-storing a step (a re-read, a resumed attempt re-doing it) replaces its
+    seconds, or None for "now" (the transaction's time); each step's row gets ``attempt``, or when
+    None the run's current attempt (at least 1). Re-storing a step (a re-read, a resumed attempt re-doing it) replaces its
     values, time and attempt, so the same line read twice stores the same thing. The points' insert
     is a data-modifying CTE (Postgres runs it to completion whether or not it is read). Returns
     ``{step: (unix seconds, attempt)}`` as stored. The tables' constraints apply."""
@@ -118,7 +125,7 @@ def _metric_steps_upsert(
             "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value) "
             f"INSERT INTO {step_table} (run_id, step, time, attempt) "
             "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
-            f"(SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s) "
+            f"COALESCE(%s::integer, (SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s)) "
             "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
             "ON CONFLICT (run_id, step) DO UPDATE SET time = EXCLUDED.time, attempt = EXCLUDED.attempt "
             "RETURNING step, extract(epoch FROM time)::double precision, attempt",
@@ -128,6 +135,7 @@ def _metric_steps_upsert(
                 [p[1] for p in points],
                 [p[2] for p in points],
                 run_id,
+                attempt,
                 run_id,
                 steps,
                 [times[s] for s in steps],
@@ -216,6 +224,7 @@ def run_output_ingest(
     completions: Sequence[tuple[int, int, Sequence[Mapping[str, Any]]]] = (),
     checkpoints: Sequence[tuple[int, str]] = (),
     cursors: Mapping[str, tuple[int, int | None, int]],
+    attempt: int | None = None,
 ) -> None:
     """Store what was read from a run's output files, and how far, in one transaction: either all of
     it is stored and the offsets move, or nothing is (the same bytes are read again), so a worker
@@ -224,11 +233,13 @@ def run_output_ingest(
     ``metrics``: (step, values); ``completions``: (step, first_index, items), consecutive blocks in
     file order; ``checkpoints``: (step, folder) not recorded yet; ``cursors``: file name -> (byte
     offset past the last line read, the completions block's step or None, its rows so far).
-    Messages are published after the commit.
+    ``attempt``: the attempt whose trainer wrote the lines (None: the run's current one; a new
+    attempt's catch-up of its predecessor's unread lines names the predecessor). Messages are
+    published after the commit.
     """
     with transaction.atomic():
         if metrics:
-            metric_steps_ingest(run_id=run_id, steps=metrics)
+            metric_steps_ingest(run_id=run_id, steps=metrics, attempt=attempt)
         for step, first_index, items in completions:
             completion_samples_ingest(run_id=run_id, step=step, items=items, first_index=first_index)
         for step, path in checkpoints:
