@@ -135,6 +135,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
 
     from controlplane.runs import selectors
+    from controlplane.runs.selectors import CompletionFilter
 
     user = get_user_model().objects.create_user(f"bench-completions-{os.getpid()}")
     try:
@@ -148,28 +149,24 @@ def main() -> None:
         write_s = time.perf_counter() - started
         page = 10
         views = {
-            "groups newest first": {},
-            "groups by mean reward desc": {"ordering": "-reward"},
-            "mixed groups newest first": {"groups": "mixed"},
-            "zero-advantage groups": {"groups": "zero_advantage"},
-            "groups of one step": {"step": args.steps // 2},
-            "groups with reward in [0.5, 1]": {"reward_min": 0.5, "reward_max": 1.0},
-            "groups searched (q=)": {"q": "Answer 800-"},
+            # (filters, ordering)
+            "groups newest first": (CompletionFilter(), "-step"),
+            "groups by mean reward desc": (CompletionFilter(), "-reward"),
+            "mixed groups newest first": (CompletionFilter(groups="mixed"), "-step"),
+            "zero-advantage groups": (CompletionFilter(groups="zero_advantage"), "-step"),
+            "groups of one step": (CompletionFilter(step=args.steps // 2), "-step"),
+            "groups with reward in [0.5, 1]": (CompletionFilter(reward_min=0.5, reward_max=1.0), "-step"),
+            "groups searched (q=)": (CompletionFilter(q="Answer 800-"), "-step"),
         }
         results: dict = {}
-        for name, kwargs in views.items():
-            groups = selectors.run_completion_groups(run=run, **kwargs)
+        for name, (filters, ordering) in views.items():
+            groups = selectors.run_completion_groups(run=run, filters=filters, ordering=ordering)
 
-            def one_page(groups=groups, kwargs=kwargs) -> None:
+            def one_page(groups=groups, filters=filters, ordering=ordering) -> None:
                 groups.count()
                 chunk = list(groups[:page])
                 selectors.run_completion_group_rollouts(
-                    run=run,
-                    groups=chunk,
-                    q=kwargs.get("q"),
-                    reward_min=kwargs.get("reward_min"),
-                    reward_max=kwargs.get("reward_max"),
-                    ordering=kwargs.get("ordering", "-step"),
+                    run=run, groups=chunk, filters=filters, ordering=ordering
                 )
 
             results[name] = {**_time(one_page, args.repeat), "plan": _plan(groups[:page])}

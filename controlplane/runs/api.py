@@ -369,7 +369,7 @@ class RunCompletionsApi(DownloadNegotiationMixin, APIView):
                 pieces=downloads.completions_pieces(
                     fmt=fmt,
                     fields=selectors.COMPLETION_FIELDS,
-                    rows=selectors.run_completion_rows(run=run, **filters),
+                    rows=selectors.run_completion_rows(run=run, filters=filters),
                 ),
                 fmt=fmt,
                 filename=f"run-{run.pk}-completions.{fmt}",
@@ -377,20 +377,20 @@ class RunCompletionsApi(DownloadNegotiationMixin, APIView):
         if query.validated_data["by"] == "group":
             paginator = CompletionGroupPagination()
             page = paginator.paginate_queryset(
-                selectors.run_completion_groups(run=run, ordering=ordering, **filters), request, view=self
+                selectors.run_completion_groups(run=run, filters=filters, ordering=ordering),
+                request,
+                view=self,
             )
             groups = selectors.run_completion_group_rollouts(
                 run=run,
                 groups=list(page),
-                q=filters["q"],
-                reward_min=filters["reward_min"],
-                reward_max=filters["reward_max"],
+                filters=filters,
                 ordering=ordering,
             )
             return paginator.get_paginated_response(CompletionGroupSerializer(groups, many=True).data)
         paginator = PageSizePagination()
         page = paginator.paginate_queryset(
-            selectors.run_completion_list(run=run, ordering=ordering, **filters), request, view=self
+            selectors.run_completion_list(run=run, filters=filters, ordering=ordering), request, view=self
         )
         return paginator.get_paginated_response(CompletionOutputSerializer(page, many=True).data)
 

@@ -222,6 +222,22 @@ class MetricStep(models.Model):
         return f"step {self.step} of run {self.run_id} (attempt {self.attempt})"
 
 
+# A completion's fields: the API's rows and a download's columns, in CSV column order (``rewards``:
+# per function, a JSON object; ``reference``: the dataset row's reference answer, "" when none).
+COMPLETION_FIELDS = (
+    "step",
+    "index",
+    "prompt",
+    "completion",
+    "reward",
+    "rewards",
+    "advantage",
+    "group_id",
+    "row_index",
+    "reference",
+)
+
+
 class CompletionSample(models.Model):
     """One sampled (prompt, completion) pair with its reward(s) and advantage."""
 

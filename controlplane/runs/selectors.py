@@ -8,6 +8,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404
 
 from controlplane.runs.models import (
+    COMPLETION_FIELDS,
     ChartPreference,
     Checkpoint,
     CompletionSample,
@@ -406,21 +408,6 @@ def run_metric_rows(
     return columns, by_step()
 
 
-# A completion's fields: the API's rows and a download's columns, in CSV column order (``rewards``:
-# per function, a JSON object; ``reference``: the dataset row's reference answer, "" when none).
-COMPLETION_FIELDS = (
-    "step",
-    "index",
-    "prompt",
-    "completion",
-    "reward",
-    "rewards",
-    "advantage",
-    "group_id",
-    "row_index",
-    "reference",
-)
-
 # ?ordering= of the completions (a leading "-" is descending): samples by their own value, groups
 # (?by=group) by their mean reward / largest advantage; ties newest step first, then index / group.
 COMPLETION_ORDERINGS = ("step", "-step", "reward", "-reward", "advantage", "-advantage")
@@ -430,59 +417,53 @@ COMPLETION_GROUP_FILTERS = ("mixed", "zero_advantage")
 ZERO_ADVANTAGE_EPS = 1e-9
 
 
+@dataclass(frozen=True)
+class CompletionFilter:
+    """Which sampled completions a query keeps (the completions API's and the downloads' filters):
+    steps after ``since_step``, or only ``step``; only ``group_id``; ``q`` in the prompt or the
+    completion (any case); the reward within [``reward_min``, ``reward_max``] (a sample without one
+    is out); only the groups ``groups`` keeps (:data:`COMPLETION_GROUP_FILTERS`, decided per whole
+    group in SQL)."""
+
+    since_step: int | None = None
+    step: int | None = None
+    q: str | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    group_id: int | None = None
+    groups: str | None = None
+
+    def scope(self, run: Run) -> QuerySet[CompletionSample]:
+        """The run's samples within the step and group bounds (the whole groups ``match`` looks in)."""
+        samples = CompletionSample.objects.filter(run=run)
+        if self.since_step is not None:
+            samples = samples.filter(step__gt=self.since_step)
+        if self.step is not None:
+            samples = samples.filter(step=self.step)
+        if self.group_id is not None:
+            samples = samples.filter(group_id=self.group_id)
+        return samples
+
+    def match(self) -> Q | None:
+        """The sample-level filters (``q``, the reward range) as one condition; None: no filter."""
+        match = Q()
+        if self.q:
+            match &= Q(prompt__icontains=self.q) | Q(completion__icontains=self.q)
+        if self.reward_min is not None:
+            match &= Q(reward__gte=self.reward_min)
+        if self.reward_max is not None:
+            match &= Q(reward__lte=self.reward_max)
+        return match or None
+
+
 def run_completion_rows(
-    *,
-    run: Run,
-    since_step: int | None = None,
-    step: int | None = None,
-    q: str | None = None,
-    reward_min: float | None = None,
-    reward_max: float | None = None,
-    group_id: int | None = None,
-    groups: str | None = None,
-    chunk_rows: int = 500,
+    *, run: Run, filters: CompletionFilter = CompletionFilter(), chunk_rows: int = 500
 ) -> Iterator[dict[str, Any]]:
     """Sampled completions oldest step first (``{field: value}`` for :data:`COMPLETION_FIELDS`),
-    filtered as :func:`run_completion_list` does, through a server-side cursor ``chunk_rows`` at a
-    time (texts can be long)."""
-    samples = run_completion_list(
-        run=run,
-        since_step=since_step,
-        step=step,
-        q=q,
-        reward_min=reward_min,
-        reward_max=reward_max,
-        group_id=group_id,
-        groups=groups,
-    ).order_by("step", "index")
+    kept by ``filters``, through a server-side cursor ``chunk_rows`` at a time (texts can be long)."""
+    samples = run_completion_list(run=run, filters=filters).order_by("step", "index")
     for values in samples.values_list(*COMPLETION_FIELDS).iterator(chunk_size=chunk_rows):
         yield dict(zip(COMPLETION_FIELDS, values, strict=True))
-
-
-def _completion_scope(
-    *, run: Run, since_step: int | None, step: int | None, group_id: int | None
-) -> QuerySet[CompletionSample]:
-    samples = CompletionSample.objects.filter(run=run)
-    if since_step is not None:
-        samples = samples.filter(step__gt=since_step)
-    if step is not None:
-        samples = samples.filter(step=step)
-    if group_id is not None:
-        samples = samples.filter(group_id=group_id)
-    return samples
-
-
-def _completion_match(*, q: str | None, reward_min: float | None, reward_max: float | None) -> Q | None:
-    """The sample-level filters as one condition (None: no filter): ``q`` in the prompt or the
-    completion (any case), the reward within [reward_min, reward_max] (a sample without one is out)."""
-    match = Q()
-    if q:
-        match &= Q(prompt__icontains=q) | Q(completion__icontains=q)
-    if reward_min is not None:
-        match &= Q(reward__gte=reward_min)
-    if reward_max is not None:
-        match &= Q(reward__lte=reward_max)
-    return match or None
 
 
 def _group_stats(samples: QuerySet[CompletionSample], groups: str | None) -> QuerySet:
@@ -511,29 +492,18 @@ def _ordered(field: str, ordering: str) -> Any:
 
 
 def run_completion_list(
-    *,
-    run: Run,
-    since_step: int | None = None,
-    step: int | None = None,
-    q: str | None = None,
-    reward_min: float | None = None,
-    reward_max: float | None = None,
-    group_id: int | None = None,
-    groups: str | None = None,
-    ordering: str = "-step",
+    *, run: Run, filters: CompletionFilter = CompletionFilter(), ordering: str = "-step"
 ) -> QuerySet[CompletionSample]:
-    """Sampled completions (only steps > ``since_step``, or only ``step``; only ``group_id``),
-    ``q`` in the prompt or completion (any case), reward in [``reward_min``, ``reward_max``], only
-    samples of the groups ``groups`` keeps (:data:`COMPLETION_GROUP_FILTERS`, decided per whole
-    group in SQL). ``ordering``: one of :data:`COMPLETION_ORDERINGS`; default newest step first."""
-    samples = _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id)
-    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
+    """Sampled completions kept by ``filters``. ``ordering``: one of :data:`COMPLETION_ORDERINGS`;
+    default newest step first."""
+    samples = filters.scope(run)
+    match = filters.match()
     if match is not None:
         samples = samples.filter(match)
-    if groups:
-        kept = _group_stats(
-            _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id), groups
-        ).filter(step=OuterRef("step"), group_id=OuterRef("group_id"))
+    if filters.groups:
+        kept = _group_stats(filters.scope(run), filters.groups).filter(
+            step=OuterRef("step"), group_id=OuterRef("group_id")
+        )
         samples = samples.filter(Exists(kept))
     key = ordering.removeprefix("-")
     if key == "step":
@@ -542,16 +512,7 @@ def run_completion_list(
 
 
 def run_completion_groups(
-    *,
-    run: Run,
-    since_step: int | None = None,
-    step: int | None = None,
-    q: str | None = None,
-    reward_min: float | None = None,
-    reward_max: float | None = None,
-    group_id: int | None = None,
-    groups: str | None = None,
-    ordering: str = "-step",
+    *, run: Run, filters: CompletionFilter = CompletionFilter(), ordering: str = "-step"
 ) -> QuerySet:
     """The groups (step, group_id) of :func:`run_completion_list`'s samples, one dict each
     (``step``, ``group_id``, ``size``, ``reward_min`` / ``reward_mean`` / ``reward_max``,
@@ -560,9 +521,8 @@ def run_completion_groups(
     matches; :func:`run_completion_group_rollouts` fills in every rollout. ``ordering``: ``step``
     (then group id, the same way: "-step" is newest group first), ``reward`` (the group's mean),
     ``advantage`` (its largest); ties newest first."""
-    samples = _completion_scope(run=run, since_step=since_step, step=step, group_id=group_id)
-    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
-    stats = _group_stats(samples, groups).annotate(
+    match = filters.match()
+    stats = _group_stats(filters.scope(run), filters.groups).annotate(
         matches=Count("id", filter=match) if match is not None else Count("id")
     )
     if match is not None:
@@ -581,14 +541,12 @@ def run_completion_group_rollouts(
     *,
     run: Run,
     groups: list[dict[str, Any]],
-    q: str | None = None,
-    reward_min: float | None = None,
-    reward_max: float | None = None,
+    filters: CompletionFilter = CompletionFilter(),
     ordering: str = "-step",
 ) -> list[dict[str, Any]]:
     """``groups`` (a page of :func:`run_completion_groups`) each with ``mixed`` (its rewards differ),
     ``prompt`` and ``reference`` (its first rollout's) and ``rollouts``: every one of the group's
-    samples (:data:`COMPLETION_FIELDS` and ``match``: it passes ``q`` and the reward range), by
+    samples (:data:`COMPLETION_FIELDS` and ``match``: it passes ``filters.match()``), by
     reward or advantage when ``ordering`` sorts by one (same direction), else by index. One query."""
     if not groups:
         return []
@@ -600,7 +558,7 @@ def run_completion_group_rollouts(
             else Q(step=g["step"], group_id__isnull=True)
         )
     samples = CompletionSample.objects.filter(run=run).filter(where)
-    match = _completion_match(q=q, reward_min=reward_min, reward_max=reward_max)
+    match = filters.match()
     samples = samples.annotate(
         match=ExpressionWrapper(match, output_field=BooleanField()) if match is not None else Value(True)
     )

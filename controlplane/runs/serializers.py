@@ -30,6 +30,7 @@ from controlplane.runs.selectors import (
     COMPLETION_GROUP_FILTERS,
     COMPLETION_ORDERINGS,
     RUN_LIST_ORDERINGS,
+    CompletionFilter,
     run_max_steps,
 )
 from controlplane.runs.services.ingest import finite_or_none
@@ -557,18 +558,18 @@ class CompletionsQuerySerializer(serializers.Serializer):
             raise serializers.ValidationError({"page_size": f"at most {most} groups per page with by=group"})
         return attrs
 
-    def filters(self) -> dict:
-        """The validated filters as ``selectors.run_completion_list`` keyword arguments (no order)."""
+    def filters(self) -> CompletionFilter:
+        """The validated filters (not the order) for the completion selectors."""
         data = self.validated_data
-        return {
-            "since_step": data.get("since_step"),
-            "step": data.get("step"),
-            "q": data.get("q") or None,
-            "reward_min": data.get("reward_min"),
-            "reward_max": data.get("reward_max"),
-            "group_id": data.get("group_id"),
-            "groups": data.get("groups") or None,
-        }
+        return CompletionFilter(
+            since_step=data.get("since_step"),
+            step=data.get("step"),
+            q=data.get("q") or None,
+            reward_min=data.get("reward_min"),
+            reward_max=data.get("reward_max"),
+            group_id=data.get("group_id"),
+            groups=data.get("groups") or None,
+        )
 
 
 def _finite(value: float) -> float:

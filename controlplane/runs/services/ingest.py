@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from controlplane.runs.models import (
+    COMPLETION_FIELDS,
     Checkpoint,
     CompletionSample,
     MetricPoint,
@@ -174,16 +175,7 @@ def completion_samples_ingest(
         rows,
         update_conflicts=True,
         unique_fields=["run", "step", "index"],
-        update_fields=[
-            "prompt",
-            "completion",
-            "reward",
-            "rewards",
-            "advantage",
-            "group_id",
-            "row_index",
-            "reference",
-        ],
+        update_fields=[f for f in COMPLETION_FIELDS if f not in ("step", "index")],
     )
     message = {
         "type": "run.completions",
