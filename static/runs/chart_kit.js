@@ -87,6 +87,27 @@ const GrpoChartKit = (() => {
     return cycleNum > 1 && axis._size ? Math.max(size, axis._size) : size;
   }
 
+  /** Whether a y column holds at most one value (nulls aside): such a series gets a dot. */
+  function loneValue(ys) {
+    let seen = 0;
+    for (const v of ys) if (v !== null && v !== undefined && ++seen > 1) return false;
+    return seen === 1;
+  }
+
+  /** The room for the y axis's labels (its width less the ticks and the gap) and its widest drawn
+   * label, in CSS px, on the card (data-y-axis-px, data-y-label-px): the browser test checks every
+   * label fits. */
+  function recordAxisFit(u, card) {
+    const axis = u.axes[1];
+    let widest = 0;
+    u.ctx.save();
+    u.ctx.font = axis.font[0];
+    for (const v of axis._values || []) if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
+    u.ctx.restore();
+    card.dataset.yLabelPx = String(Math.ceil(widest / (window.devicePixelRatio || 1)));
+    card.dataset.yAxisPx = String(Math.floor(axis._size - axis.ticks.size - axis.gap));
+  }
+
   /** Seconds as a short clock label for a wall-time axis spanning `span` seconds. */
   function clockLabel(seconds, span) {
     const d = new Date(seconds * 1000);
@@ -139,5 +160,5 @@ const GrpoChartKit = (() => {
     }
   }
 
-  return { emaUpdate, nameMatcher, axisSize, clockLabel, elapsedLabel, lowerBound, stored, store };
+  return { emaUpdate, nameMatcher, axisSize, loneValue, recordAxisFit, clockLabel, elapsedLabel, lowerBound, stored, store };
 })();

@@ -300,13 +300,6 @@ const GrpoMetricPanel = (() => {
     return s.values.every((v) => v === null || !Number.isFinite(v) || v > 0) ? 3 : 4;
   }
 
-  /** Whether a y column holds at most one value (nulls aside): such a series gets a dot. */
-  function loneValue(ys) {
-    let seen = 0;
-    for (const v of ys) if (v !== null && v !== undefined && ++seen > 1) return false;
-    return seen === 1;
-  }
-
   function yRangeFor(distr) {
     if (distr === 3) return (u, min, max) => (min > 0 && max > 0 ? uPlot.rangeLog(min, max, 10, true) : [1, 10]);
     if (distr === 4) return (u, min, max) => uPlot.rangeAsinh(min, max, 10, true);
@@ -352,7 +345,7 @@ const GrpoMetricPanel = (() => {
         { label: X_LABEL[axisMode()] },
         // A metric logged once (the end-of-training summary: train_runtime, total_flos) has no line
         // to draw: it is shown as a dot.
-        { label: "raw", stroke: () => (state.smoothing > 0 ? FAINT : STRONG), width: 1.25, spanGaps: true, points: { show: (u, i) => loneValue(u.data[i]) } },
+        { label: "raw", stroke: () => (state.smoothing > 0 ? FAINT : STRONG), width: 1.25, spanGaps: true, points: { show: (u, i) => Kit.loneValue(u.data[i]) } },
         { label: "smoothed", stroke: STRONG, width: 1.75, spanGaps: true, points: { show: false }, show: state.smoothing > 0 },
       ],
       axes: [
@@ -363,7 +356,7 @@ const GrpoMetricPanel = (() => {
         setCursor: [(u) => showReadout(s, u.cursor.idx)],
         setSelect: [(u) => onSelect(u)],
         setScale: [(u, key) => { if (key === "x") { card.dataset.xMin = String(u.scales.x.min); card.dataset.xMax = String(u.scales.x.max); } }],
-        draw: [(u) => drawMarkers(u), (u) => recordAxisFit(u, card)],
+        draw: [(u) => drawMarkers(u), (u) => Kit.recordAxisFit(u, card)],
       },
     };
     const chart = new uPlot(opts, data, s.box);
@@ -463,20 +456,6 @@ const GrpoMetricPanel = (() => {
       if (s.chart && visible(s)) s.chart.setScale("x", { min: state.zoom[0], max: state.zoom[1] });
       else s.dirty = true;
     }
-  }
-
-  /** The room for the y axis's labels (its width less the ticks and the gap) and its widest drawn
-   * label, in CSS px, on the card (data-y-axis-px, data-y-label-px): the browser test checks every
-   * label fits. */
-  function recordAxisFit(u, card) {
-    const axis = u.axes[1];
-    let widest = 0;
-    u.ctx.save();
-    u.ctx.font = axis.font[0];
-    for (const v of axis._values || []) if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
-    u.ctx.restore();
-    card.dataset.yLabelPx = String(Math.ceil(widest / (window.devicePixelRatio || 1)));
-    card.dataset.yAxisPx = String(Math.floor(axis._size - axis.ticks.size - axis.gap));
   }
 
   function drawMarkers(u) {
