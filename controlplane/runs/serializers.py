@@ -490,6 +490,14 @@ class ChartPreferenceSerializer(serializers.Serializer):
         return names
 
 
+class PageSizeField(serializers.CharField):
+    """``?page_size=`` as sent, never refused here: the paginators read it and use their default for
+    a size they cannot use (DRF's documented leniency, which the API has kept since its first page)."""
+
+    def run_validation(self, data=serializers.empty):
+        return data if isinstance(data, str) else ""
+
+
 class CompletionsQuerySerializer(serializers.Serializer):
     """``GET /api/v1/runs/<id>/completions/``: which samples, in which order, as samples or as groups
     (all optional; the downloads take the filters too)."""
@@ -530,9 +538,9 @@ class CompletionsQuerySerializer(serializers.Serializer):
         help_text="group: pages of whole groups (GRPO_COMPLETION_GROUPS_PAGE_SIZE), each with all "
         "its rollouts, so no group is cut across pages",
     )
-    page_size = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_STEP, help_text="samples (or groups) per page"
-    )
+    # Read by the paginators, which (DRF's documented leniency, kept since the first API) use the
+    # default for a page size they cannot use; only too many groups per page is refused.
+    page_size = PageSizeField(required=False, help_text="samples (or groups) per page")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -554,7 +562,8 @@ class CompletionsQuerySerializer(serializers.Serializer):
         if low is not None and high is not None and low > high:
             raise serializers.ValidationError({"reward_min": f"must be at most reward_max ({high})"})
         most = settings.GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE
-        if attrs["by"] == "group" and attrs.get("page_size", 0) > most:
+        size = attrs.get("page_size", "")
+        if attrs["by"] == "group" and size.isascii() and size.isdigit() and int(size) > most:
             raise serializers.ValidationError({"page_size": f"at most {most} groups per page with by=group"})
         return attrs
 
