@@ -1,6 +1,8 @@
 """A run stored from a recorded output folder (``tests/data/demo_run``: 40 steps of the demo on the
 tiny model, ``metrics.jsonl`` and 16 completions per step of ``completions.jsonl``, recorded from
-``tests/test_demo_learning.py``), read by the supervisor's own reader (``worker.tailer``), so a page
+``tests/test_demo_learning.py``; each completion's ``reference`` and each step's ``timestamp``, which
+the trainer writes since, were added from the prompt and the cumulative ``perf/step_s``), read by the
+supervisor's own reader (``worker.tailer``), so a page
 shows what a live run's ingest stores. Used by the run page's phone test and ``scripts/screenshots.py``.
 """
 
