@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -57,10 +58,15 @@ def run_document(
     return doc
 
 
-def train_once(doc: dict, workdir: Path, timeout_s: float) -> list[dict]:
-    """One ``python -m trainer train`` process; returns the rows of its metrics.jsonl."""
+def train_once(
+    doc: dict, workdir: Path, timeout_s: float, stop_when: Callable[[list[dict]], bool] | None = None
+) -> list[dict]:
+    """One ``python -m trainer train`` process; returns the training rows of its metrics.jsonl.
+
+    ``stop_when(rows)``, checked every second on the rows so far, ends the run early when true."""
     config = workdir / "RUN.yaml"
     config.write_text(yaml.safe_dump(doc))
+    metrics = Path(doc["args"]["output_dir"]) / "metrics.jsonl"
     argv = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
     proc = ManagedProcess("trainer", argv, cwd=REPO, log_path=workdir / "trainer.log").start()
     started = time.monotonic()
@@ -68,13 +74,22 @@ def train_once(doc: dict, workdir: Path, timeout_s: float) -> list[dict]:
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"training did not finish in {timeout_s:.0f} s:\n{proc.log_tail(30)}")
+            if stop_when is not None and stop_when(_training_rows(metrics)):
+                return _training_rows(metrics)
             time.sleep(1)
         if proc.poll() != 0:
             raise RuntimeError(f"trainer exited {proc.poll()}:\n{proc.log_tail(40)}")
     finally:
         proc.stop(grace_s=10)
-    metrics = Path(doc["args"]["output_dir"]) / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return _training_rows(metrics)
+
+
+def _training_rows(metrics: Path) -> list[dict]:
+    """The complete lines of ``metrics`` that are training steps (they carry ``loss``)."""
+    if not metrics.exists():
+        return []
+    lines = metrics.read_text().split("\n")[:-1]  # a line still being written has no newline yet
+    rows = [json.loads(line) for line in lines if line.strip()]
     return [r for r in rows if "loss" in r]
 
 

@@ -4,6 +4,14 @@ curve, median of 3 seeds, is ``bench/demo_learning.py``'s (docs/benchmarks.md).
 
 The trainer runs as its own ``python -m trainer train`` process, as the worker starts it (and as the
 benchmark does), not inside pytest's process, which by then has run hundreds of other tests.
+
+Judged per step, the rise depends on the machine's speed: when the queue runs dry for a second the
+trainer trains a partly filled step (``trainer/feed.py``'s ``STARVED_FLUSH_S``), so a loaded 2-core
+box trains fewer samples per step. On an idle box five seeds reached 0.7 by steps 15-32 (40 steps,
+~80 s each); in a CI run whose steps took ~5 s, two seeds were still near 0.5 at step 40 with
+half-filled steps. So the run goes on up to ``MAX_STEPS`` and stops as soon as a ``WINDOW``-step
+window has risen: the claim is the same (the reward rises from the model getting answers right),
+the budget follows the machine.
 """
 
 from __future__ import annotations
@@ -16,49 +24,63 @@ from bench.demo_learning import run_document, train_once
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-# 40 steps, the last 10 against the first 5: one CI run of 30 steps, judged on its last 5, stayed flat
-# (0.49 -> 0.46) where the benchmark's median run reaches 0.7 by step 18; a single async run varies.
-STEPS = 40
-# Five seeds measured 2026-12-03 (bench.demo_learning --seeds 0 1 2 3 4, 40 steps): first 5 steps
-# 0.39-0.48, last 5 0.58-0.74; the slowest (seed 4) reached 0.7 only at step 32. One CI run in three (2026-12-02) stayed at 0.49 -> 0.51 (the trainer then ran
-# inside pytest): a run that stays flat is tried once more on the next seed, and two flat runs fail.
+MAX_STEPS = 80
+FIRST = 5  # the steps the start is judged on
+WINDOW = 10  # the later steps judged together
+RISE = 0.12  # over the first steps' mean...
+FLOOR = 0.55  # ...and at least this (the warm start is ~0.45 on these held-out facts)
+# A run that stays flat is tried once more on the next seed, and two flat runs fail.
 SEEDS = (0, 1)
-RISE = 0.12
-FLOOR = 0.55
 
 
-def _judge(rows: list[dict]) -> tuple[bool, str]:
-    """Whether a run's reward rose (last 10 steps' mean >= first 5's + RISE and >= FLOOR), and a
-    one-line account with what explains a flat run: how far sampling was from the trained policy
-    (a weight sync that did not land shows here), staleness and stale drops."""
-    rewards = [r["reward"] for r in rows if "reward" in r]
-    if len(rewards) < STEPS - 5:
-        return False, f"only {len(rewards)} logged rewards"
-    first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-10:])
+def _rewards(rows: list[dict]) -> list[float]:
+    return [r["reward"] for r in rows if "reward" in r]
 
-    def worst(name: str) -> float:
-        return max((r[name] for r in rows if name in r), default=float("nan"))
 
-    account = (
-        f"first 5 steps {first:.3f} -> last 10 steps {last:.3f}; "
-        f"max sampling logp diff {worst('sampling/sampling_logp_difference/max'):.2g}, "
-        f"max staleness {worst('sample/staleness_max'):.0f}, "
+def _rose(rows: list[dict]) -> bool:
+    """Whether the mean of the last WINDOW steps is >= the first FIRST steps' mean + RISE and >= FLOOR."""
+    rewards = _rewards(rows)
+    if len(rewards) < FIRST + WINDOW:
+        return False
+    first, last = statistics.fmean(rewards[:FIRST]), statistics.fmean(rewards[-WINDOW:])
+    return last >= first + RISE and last >= FLOOR
+
+
+def _account(rows: list[dict]) -> str:
+    """One line: the rise, and what explains a flat run (half-filled steps on a slow box, a weight
+    sync that did not land: the sampling logp gap, staleness and stale drops)."""
+    rewards = _rewards(rows)
+    if len(rewards) < FIRST + WINDOW:
+        return f"only {len(rewards)} logged rewards"
+
+    def mean(name: str) -> float:
+        return (
+            statistics.fmean(r[name] for r in rows if name in r)
+            if any(name in r for r in rows)
+            else float("nan")
+        )
+
+    return (
+        f"{len(rewards)} steps: first {FIRST} {statistics.fmean(rewards[:FIRST]):.3f} -> last {WINDOW} "
+        f"{statistics.fmean(rewards[-WINDOW:]):.3f}; samples/step {mean('batch/samples_per_step'):.0f}, "
+        f"step {mean('perf/step_s'):.1f} s, mean sampling logp diff "
+        f"{mean('sampling/sampling_logp_difference/mean'):.2g}, mean staleness {mean('sample/staleness_mean'):.2f}, "
         f"stale drops {sum(r.get('sample/dropped_stale_count', 0) for r in rows):.0f}; "
         f"rewards {[round(x, 2) for x in rewards]}"
     )
-    return last >= first + RISE and last >= FLOOR, account
 
 
 def test_demo_reward_rises_from_the_model_getting_answers_right(vllm_server, tiny_model_dir, tmp_path):
     accounts = []
     for seed in SEEDS:
-        doc = run_document(STEPS, seed, {}, tmp_path / f"out-{seed}", vllm_server.base_url)
+        doc = run_document(MAX_STEPS, seed, {}, tmp_path / f"out-{seed}", vllm_server.base_url)
         assert doc["reward_funcs"] == ["trainer.rewards.accuracy_reward"]  # correctness only
         workdir = tmp_path / f"work-{seed}"
         workdir.mkdir()
-        rose, account = _judge(train_once(doc, workdir, timeout_s=600))
+        rows = train_once(doc, workdir, timeout_s=900, stop_when=_rose)
+        account = _account(rows)
         print(f"demo seed {seed}: {account}")
         accounts.append(f"seed {seed}: {account}")
-        if rose:
+        if _rose(rows):
             return
     pytest.fail("the demo's reward did not rise on any seed:\n" + "\n".join(accounts))
