@@ -239,8 +239,9 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             # A phone: the metrics card and its charts fit 390 px (nothing in it scrolls the page
             # sideways; the site header is not the charts' to fix).
             page.set_viewport_size({"width": 390, "height": 800})
+            # (The x-axis switch above rebuilds the charts on the next frame: the canvas may be absent.)
             page.wait_for_function(
-                "() => document.querySelector('.chart[data-metric=\"reward\"] canvas').getBoundingClientRect().right <= 390"
+                "() => document.querySelector('.chart[data-metric=\"reward\"] canvas')?.getBoundingClientRect().right <= 390"
             )
             wide = page.evaluate(
                 "() => [...document.querySelector('#charts').closest('.card').querySelectorAll('*')]"
