@@ -11,9 +11,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.runs import selectors, services
+from controlplane.runs import selectors
 from controlplane.runs.models import Run
 from controlplane.runs.services import ingest
+from tests.test_run_downloads import api_for
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +26,6 @@ def make_user(name: str):
 def make_run(owner, *, name: str = "run", config: dict | None = None) -> Run:
     config = config or {"model": "tiny", "train_dataset": "arithmetic-small", "reward_funcs": [], "args": {}}
     return Run.objects.create(owner=owner, name=name, config=config, config_sha256="0" * 64)
-
-
-def api_for(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION="Token " + services.token_issue(username=user.username))
-    return client
 
 
 def browser_for(user) -> Client:

@@ -12,9 +12,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.runs import services
 from controlplane.runs.models import ChartPreference, MetricPoint, MetricStep, Run
 from controlplane.runs.services import ingest
+from tests.test_run_downloads import api_for
 from trainer.sinks import METRICS_FILE, JsonlSink
 from worker.tailer import RunOutputTailer
 
@@ -29,12 +29,6 @@ def make_run(owner, attempt: int = 1) -> Run:
     return Run.objects.create(
         owner=owner, name="r", config={"model": "tiny"}, config_sha256="0" * 64, attempt=attempt
     )
-
-
-def api_for(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION="Token " + services.token_issue(username=user.username))
-    return client
 
 
 def test_the_sink_stamps_each_row_and_the_tailer_stores_it_on_the_step_not_as_a_metric(tmp_path):

@@ -81,7 +81,8 @@ const GrpoChartKit = (() => {
       u.ctx.font = axis.font[0];
       for (const v of values) if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
     }
-    const size = Math.ceil(widest / (window.devicePixelRatio || 1) + axis.ticks.size + axis.gap + 4);
+    axis._labelPx = widest / (window.devicePixelRatio || 1); // the labels last asked for (recordAxisFit)
+    const size = Math.ceil(axis._labelPx + axis.ticks.size + axis.gap + 4);
     // uPlot re-asks while the layout converges, and the narrower plot may bring longer labels
     // ("0.75" after "0.5"): never shrink within one layout, so the last labels asked for fit.
     return cycleNum > 1 && axis._size ? Math.max(size, axis._size) : size;
@@ -98,13 +99,8 @@ const GrpoChartKit = (() => {
    * label, in CSS px, on the card (data-y-axis-px, data-y-label-px): the browser test checks every
    * label fits. */
   function recordAxisFit(u, card) {
-    const axis = u.axes[1];
-    let widest = 0;
-    u.ctx.save();
-    u.ctx.font = axis.font[0];
-    for (const v of axis._values || []) if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
-    u.ctx.restore();
-    card.dataset.yLabelPx = String(Math.ceil(widest / (window.devicePixelRatio || 1)));
+    const axis = u.axes[1]; // axisSize measured its labels: nothing is measured again per draw
+    card.dataset.yLabelPx = String(Math.ceil(axis._labelPx || 0));
     card.dataset.yAxisPx = String(Math.floor(axis._size - axis.ticks.size - axis.gap));
   }
 
