@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -68,6 +69,17 @@ def create(api: APIClient, doc: dict, name: str) -> int:
 
 def events(run_id: int) -> str:
     return "\n".join(RunEvent.objects.filter(run_id=run_id).values_list("message", flat=True))
+
+
+def failure_report(run: Run) -> str:
+    """The failure reason, the run's events and its trainer logs' last lines (every rank's)."""
+    logs = sorted(Path(run.output_dir).glob("logs/trainer.*.log")) if run.output_dir else []
+    tails = [
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-120:]) for log in logs
+    ]
+    return "\n\n".join(
+        [f"run {run.pk} {run.status}: {run.failure_reason}", "--- events\n" + events(run.pk)[-3000:], *tails]
+    )
 
 
 @pytest.fixture
@@ -221,7 +233,8 @@ def test_two_process_cpu_trainer_on_a_named_server(api, named_server_pool, vllm_
 
     wait_for(lambda: Run.objects.get(pk=run_id).is_terminal, timeout_s=420, what="the two-process run")
     run = Run.objects.get(pk=run_id)
-    assert run.status == RunStatus.COMPLETED, (run.failure_reason, events(run_id)[-3000:])
+    if run.status != RunStatus.COMPLETED:  # all of it: a tuple message would be cut to one line
+        pytest.fail(failure_report(run), pytrace=False)
     assert run.vllm_pid is None and run.placement["server"] == "shared" and run.placement["vllm"] is None
     assert run.placement["trainer"]["env"] == {}  # a CPU worker: no device variables
     ranks = run.placement["trainer"]["ranks"]

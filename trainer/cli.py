@@ -9,9 +9,11 @@ dotted path: it runs the user's own code, unlike the web).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import sys
 
+from trainer.host import leave_process_group
 from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
 
 
@@ -87,6 +89,9 @@ def train_main(argv: list[str]) -> int:
         help="a TrainerCallback class to install (repeatable; the control plane's worker adds its reporter)",
     )
     opts = parser.parse_args(argv)
+    # A rank killed by a signal (SIGABRT from a C++ library, SIGSEGV) prints every thread's Python
+    # stack first: torchrun itself reports only the signal and the pid.
+    faulthandler.enable(all_threads=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         spec = validate_run_document(read_run_file(opts.config), output_dir=opts.output_dir)
@@ -94,12 +99,20 @@ def train_main(argv: list[str]) -> int:
         for field, message in exc.errors.items():
             print(f"error: {opts.config}: {field}: {message}", file=sys.stderr)
         return 2
-    trainer = build_trainer(spec)
-    for path in opts.callback:
-        from trainer.registry import resolve_callable
+    try:
+        _train(spec, callbacks=opts.callback, resume=True if opts.resume == "latest" else opts.resume)
+    finally:
+        # Only once the trainer is out of scope: its wrapped model still refers to the group.
+        leave_process_group()
+    return 0
 
+
+def _train(spec: RunSpec, *, callbacks: list[str], resume: str | bool | None) -> None:
+    """Build the trainer, train, save the final model (the trainer is dropped on return)."""
+    from trainer.registry import resolve_callable
+
+    trainer = build_trainer(spec)
+    for path in callbacks:
         trainer.add_callback(resolve_callable(path))
-    resume = True if opts.resume == "latest" else opts.resume
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
-    return 0

@@ -20,7 +20,14 @@ from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOCAL_HOSTS", "RANKS_FILE", "rank_layout", "share_cpu_with_local_server", "write_rank_layout"]
+__all__ = [
+    "LOCAL_HOSTS",
+    "RANKS_FILE",
+    "leave_process_group",
+    "rank_layout",
+    "share_cpu_with_local_server",
+    "write_rank_layout",
+]
 
 # <output_dir>/ranks.json: where each trainer process runs (read by the control plane's worker).
 RANKS_FILE = "ranks.json"
@@ -109,3 +116,25 @@ def write_rank_layout(output_dir: str | Path, device: Any, *, main_process: bool
             "trainer ranks: %s", "; ".join(f"{r['rank']}: {r['device']} pid {r['pid']}" for r in layout)
         )
     return layout
+
+
+def leave_process_group() -> bool:
+    """Destroy the default process group, if this process is in one; True when it was.
+
+    Called once the trainer (and its DDP/FSDP-wrapped model) is gone, before the interpreter exits.
+    A gloo group left to interpreter finalization can abort the process (SIGABRT): its C++ worker
+    threads may still hold work objects whose tensors reference Python objects, and freeing them
+    then needs a GIL that is being torn down. torchrun reports that as a failed rank of a run that
+    had finished (a CI run of tests/test_placement_live.py saw it once).
+    """
+    import gc
+
+    import torch
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    rank = torch.distributed.get_rank()
+    gc.collect()  # the wrapped model's reducer holds the group's pending work
+    torch.distributed.destroy_process_group()
+    logger.info("rank %d left the process group", rank)
+    return True

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedModel, Trainer, TrainerCallback
@@ -92,6 +92,7 @@ from trainer.weight_sync.lora import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _identity_collator(features):
@@ -302,7 +303,7 @@ class AsyncGRPOTrainer(Trainer):
                 args.vllm_server_base_url, timeout=min(args.vllm_server_timeout, 600)
             )
             self._sync_client.init()
-        self._sync_adapter_only = _any_rank(self._lora is not None)
+        self._sync_adapter_only = _main_process_value(self._lora is not None)
         # The server may serve other weights (a resumed run's base model, an earlier run's policy):
         # start from exactly the trainer's policy, as version 0. Every rank gathers its shards.
         self._sync_weights(new_version=False)
@@ -476,7 +477,11 @@ class AsyncGRPOTrainer(Trainer):
                     control.should_training_stop = True
                     # The last epoch's end saves a checkpoint, as reaching max_steps does.
                     control.should_save = self.args.save_strategy != SaveStrategy.NO
-        control.should_training_stop = _any_rank(control.should_training_stop)
+        # The main process alone sees the epoch's end: every rank must stop (and save: the save is
+        # collective, FSDP's state dict gather and transformers' flops all-gather) on its word.
+        control.should_training_stop, control.should_save = _main_process_value(
+            (control.should_training_stop, control.should_save)
+        )
         if state.global_step % self.args.weight_sync_steps == 0:
             self._sync_weights()
         self._step_started = time.perf_counter()
@@ -650,13 +655,13 @@ def _as_reward_list(reward_funcs) -> list[Callable]:
     return funcs
 
 
-def _any_rank(flag: bool) -> bool:
-    """True on every rank when ``flag`` is true on any (the main process decides when to stop)."""
+def _main_process_value(value: T) -> T:
+    """The main process's ``value`` (a picklable object), on every rank (itself on one process)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
-    holder = [flag]
+        return value
+    holder = [value]
     torch.distributed.broadcast_object_list(holder, src=0)
-    return bool(holder[0])
+    return holder[0]
 
 
 def _training_dtype(model, args) -> str:
