@@ -99,11 +99,10 @@ def train_main(argv: list[str]) -> int:
         for field, message in exc.errors.items():
             print(f"error: {opts.config}: {field}: {message}", file=sys.stderr)
         return 2
-    try:
-        _train(spec, callbacks=opts.callback, resume=True if opts.resume == "latest" else opts.resume)
-    finally:
-        # Only once the trainer is out of scope: its wrapped model still refers to the group.
-        leave_process_group()
+    _train(spec, callbacks=opts.callback, resume=True if opts.resume == "latest" else opts.resume)
+    # Once the trainer is out of scope (its wrapped model refers to the group). Not after a failure:
+    # an NCCL group with work in flight can block its own destruction, and the traceback says enough.
+    leave_process_group()
     return 0
 
 
