@@ -124,8 +124,9 @@ def leave_process_group() -> bool:
     Called once the trainer (and its DDP/FSDP-wrapped model) is gone, before the interpreter exits.
     A gloo group left to interpreter finalization can abort the process (SIGABRT): its C++ worker
     threads may still hold work objects whose tensors reference Python objects, and freeing them
-    then needs a GIL that is being torn down. torchrun reports that as a failed rank of a run that
-    had finished (a CI run of tests/test_placement_live.py saw it once).
+    then needs a GIL that is being torn down (pytorch/pytorch#179291). torchrun reports that as a
+    failed rank of a run that had finished: the likely cause of one CI failure of
+    tests/test_placement_live.py, where a rank died of SIGABRT with no stack to show.
     """
     import gc
 
