@@ -74,8 +74,8 @@ def train_once(
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"training did not finish in {timeout_s:.0f} s:\n{proc.log_tail(30)}")
-            if stop_when is not None and stop_when(_training_rows(metrics)):
-                return _training_rows(metrics)
+            if stop_when is not None and stop_when(rows := _training_rows(metrics)):
+                return rows
             time.sleep(1)
         if proc.poll() != 0:
             raise RuntimeError(f"trainer exited {proc.poll()}:\n{proc.log_tail(40)}")

