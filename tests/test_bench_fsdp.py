@@ -45,6 +45,10 @@ def _launch(out: Path, nproc: int, *extra: str) -> subprocess.Popen:
     )
 
 
+# Three torch.distributed processes start here (~30 s): the slow layer, not make test-fast.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     """The CPU smoke mode (two processes) and the fused-head check (one process), launched together

@@ -28,6 +28,7 @@ def run_bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cpu_run_is_bit_exact_and_timed(tmp_path):
     out = tmp_path / "ws.json"
     proc = run_bench(out, "--reps", "2")
@@ -51,6 +52,7 @@ def test_cpu_run_is_bit_exact_and_timed(tmp_path):
     assert report["best"]["tiny"]["bucket_mb"] in (0.0625, 1.0)
 
 
+@pytest.mark.slow
 def test_corrupted_receiver_fails_the_run(tmp_path, capsys):
     """In this process (saves an interpreter start): the receiver flips one bit before the check."""
     out = tmp_path / "ws.json"

@@ -148,6 +148,7 @@ def stack_factory(tmp_path):
         stack.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["group SIGINT", "group SIGTERM", "SIGINT to make only", "SIGKILL runstack"])
 def test_make_run_serves_and_stops_promptly(stack_factory, tiny_model_dir, how):
     stack = stack_factory()
