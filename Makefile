@@ -2,6 +2,15 @@
 PORT ?= 8000
 VENV := .venv
 PY := $(VENV)/bin/python
+# make test-fast's selection (tests/test_layers.py reads it from here).
+FAST_LAYER := not vllm and not slow and not browser and not faults
+
+# ruff, then pytest with $(1); the last line is the total time and the exit code.
+define lint_then_pytest
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest $(1); \
+	rc=$$?; echo "make $@: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
+endef
 
 .PHONY: install run test test-fast lint format tiny clean
 
@@ -13,20 +22,14 @@ run: install  ## web + worker + demo run on the embedded tiny model; Ctrl-C stop
 
 test:  ## the whole suite (what CI runs): lint, format check, pytest on the real services; ends with the 15 slowest tests and the total time
 	@bash scripts/install.sh --system
-	@start=$$(date +%s); \
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest; \
-	rc=$$?; echo "make test: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
+	$(call lint_then_pytest,)
 
 test-fast:  ## while developing: lint, unit and API tests on the real Postgres and Redis; no vLLM, no browser, no faults (docs/testing.md)
 	@bash scripts/install.sh
-	@start=$$(date +%s); \
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && \
-	$(PY) -m pytest -m "not vllm and not slow and not browser and not faults"; \
-	rc=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
+	$(call lint_then_pytest,-m "$(FAST_LAYER)")
 
 lint:
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 format:
 	$(VENV)/bin/ruff check --fix .

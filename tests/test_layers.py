@@ -1,23 +1,27 @@
-"""The test layers hold: ``make test-fast`` (``-m "not vllm and not slow and not browser and not
-faults"``) selects no test that starts the session's vLLM server or Chromium (docs/testing.md)."""
+"""The test layers hold: ``make test-fast`` (the Makefile's ``FAST_LAYER`` selection) selects no test
+that starts the session's vLLM server or Chromium (docs/testing.md)."""
 
 from __future__ import annotations
 
-from tests.conftest import _drives_a_browser
+import re
 
-FAST_LAYER_EXCLUDES = ("vllm", "slow", "browser", "faults")
+from tests.conftest import REPO, starts_chromium
 
 
-def _in_fast_layer(item) -> bool:
-    return not any(item.get_closest_marker(name) for name in FAST_LAYER_EXCLUDES)
+def _fast_layer_excludes() -> list[str]:
+    """The markers ``FAST_LAYER`` leaves out (``not a and not b ...``), read from the Makefile."""
+    line = re.search(r"^FAST_LAYER := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    return re.findall(r"not (\w+)", line)
 
 
 def test_no_fast_layer_test_starts_vllm_or_a_browser(request):
-    items = request.session.items
+    excludes = _fast_layer_excludes()
+    assert set(excludes) == {"vllm", "slow", "browser", "faults"}, excludes
     leaks = [
         item.nodeid
-        for item in items
-        if _in_fast_layer(item) and ("vllm_server" in item.fixturenames or _drives_a_browser(item))
+        for item in request.session.items
+        if not any(item.get_closest_marker(name) for name in excludes)
+        and ("vllm_server" in item.fixturenames or starts_chromium(item))
     ]
     assert not leaks, leaks
 
