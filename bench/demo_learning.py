@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -59,16 +60,24 @@ def run_document(
 
 
 def train_once(
-    doc: dict, workdir: Path, timeout_s: float, stop_when: Callable[[list[dict]], bool] | None = None
+    doc: dict,
+    workdir: Path,
+    timeout_s: float,
+    stop_when: Callable[[list[dict]], bool] | None = None,
+    *,
+    reproducible: bool = False,
 ) -> list[dict]:
     """One ``python -m trainer train`` process; returns the training rows of its metrics.jsonl.
 
-    ``stop_when(rows)``, checked every second on the rows so far, ends the run early when true."""
+    ``stop_when(rows)``, checked every second on the rows so far, ends the run early when true.
+    ``reproducible``: ``GRPO_STARVED_FLUSH_S=off``, so every step trains full micro-batches however
+    fast the machine is (the learning test's setting and its recorded distribution's)."""
     config = workdir / "RUN.yaml"
     config.write_text(yaml.safe_dump(doc))
     metrics = Path(doc["args"]["output_dir"]) / "metrics.jsonl"
     argv = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
-    proc = ManagedProcess("trainer", argv, cwd=REPO, log_path=workdir / "trainer.log").start()
+    env = {**os.environ, **({"GRPO_STARVED_FLUSH_S": "off"} if reproducible else {})}
+    proc = ManagedProcess("trainer", argv, env=env, cwd=REPO, log_path=workdir / "trainer.log").start()
     started = time.monotonic()
     try:
         while proc.poll() is None:
@@ -106,14 +115,27 @@ def curve(rows: list[dict]) -> dict:
     return {"steps": steps, "reward": rewards, "elapsed_s": elapsed}
 
 
+# The learning test's statistic (tests/test_demo_learning.py): the mean reward of the last RISE_LAST
+# steps minus that of the first RISE_FIRST steps, of a run of a fixed number of steps.
+RISE_FIRST, RISE_LAST = 5, 10
+
+
+def rise(rewards: list[float]) -> float | None:
+    """mean(last RISE_LAST) - mean(first RISE_FIRST) of per-step rewards (None if too few)."""
+    if len(rewards) < RISE_FIRST + RISE_LAST:
+        return None
+    return statistics.fmean(rewards[-RISE_LAST:]) - statistics.fmean(rewards[:RISE_FIRST])
+
+
 def summary(c: dict, window: int = 5) -> dict:
-    """First/last ``window`` steps' mean reward and the first step at or above ``REACH``."""
+    """First/last ``window`` steps' mean reward, the test's ``rise`` and the first step at or above ``REACH``."""
     r = c["reward"]
     reach = next((s for s, v in zip(c["steps"], r, strict=True) if v >= REACH), None)
     return {
         "first5": round(statistics.fmean(r[:window]), 4) if r else None,
         "last5": round(statistics.fmean(r[-window:]), 4) if r else None,
         "max": round(max(r), 4) if r else None,
+        "rise": None if rise(r) is None else round(rise(r), 4),
         "first_step_at_0.7": reach,
         "train_s": c["elapsed_s"][-1] if c["elapsed_s"] else None,
     }
@@ -143,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default=None, help="another train_dataset (tuning)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument(
+        "--reproducible", action="store_true", help="GRPO_STARVED_FLUSH_S=off: full micro-batches every step"
+    )
     opts = parser.parse_args(argv)
     overrides = {}
     for item in opts.set:
@@ -172,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir()
             doc = run_document(opts.steps, seed, overrides, workdir / "out", base_url, opts.dataset)
             t0 = time.monotonic()
-            c = curve(train_once(doc, workdir, opts.timeout))
+            c = curve(train_once(doc, workdir, opts.timeout, reproducible=opts.reproducible))
             runs.append({"seed": seed, "wall_s": round(time.monotonic() - t0, 1), **c, **summary(c)})
             print(
                 json.dumps({k: v for k, v in runs[-1].items() if k not in ("steps", "elapsed_s")}), flush=True
@@ -185,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         "document": run_document(opts.steps, opts.seeds[0], overrides, Path("OUT"), "URL", opts.dataset),
         "runs": runs,
         "median": {**med, **summary(med)},
+        "reproducible": opts.reproducible,
     }
+    rises = [r["rise"] for r in runs if r["rise"] is not None]
+    if len(rises) >= 2:
+        mean, sd = statistics.fmean(rises), statistics.stdev(rises)
+        result["rise"] = {"n": len(rises), "mean": round(mean, 4), "sd": round(sd, 4), "min": min(rises),
+                          "mean_minus_3.1sd": round(mean - 3.1 * sd, 4)}  # fmt: skip
+        print("rise:", json.dumps(result["rise"]))
     print(json.dumps(result["median"] | {"reward": None}, default=str))
     print("median reward by step:", " ".join(f"{v:.2f}" for v in med["reward"]))
     if opts.out:

@@ -34,6 +34,13 @@ os.environ.setdefault("GRPO_CACHE_PREFIX", f"grpo-test-{os.getpid()}")
 # A metric name the catalogue (trainer/metrics.py) does not declare fails where it is recorded, in
 # this process and in every trainer and rollout process the tests start (production warns once).
 os.environ.setdefault("GRPO_STRICT_METRICS", "1")
+# Under pytest-xdist each worker has its own test database, so the claim's port check (ports held by
+# live runs in that database) cannot see the other worker's runs: each worker's Celery workers get
+# their own slice of vLLM ports.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_slice = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") and XDIST_WORKER[2:].isdigit() else 0
+VLLM_PORT_BASE = 8400 + 100 * _slice  # base..base+49: the session's workers; base+60..: other pools
+os.environ.setdefault("GRPO_VLLM_PORTS", f"{VLLM_PORT_BASE}-{VLLM_PORT_BASE + 49}")
 
 
 def _own_channel_prefix() -> None:
@@ -232,10 +239,70 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.vllm)
 
 
-@pytest.hookimpl(trylast=True)
+@functools.cache
+def _module_has_module_fixtures(module: Any) -> bool:
+    """Whether a test module defines a module-scoped fixture (a server on a fixed port, a built model):
+    its tests, those that use it and those that do not, stay on one pytest-xdist worker."""
+    try:
+        return 'scope="module"' in inspect.getsource(module)
+    except (OSError, TypeError):
+        return False
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The pytest-xdist group of ``item``: ``conftest:NAME`` when it uses a module-scoped fixture of
+    ``conftest.py`` (``acme_installed``: a pip install into the shared venv, which two workers must not
+    do at once), else its module's name when the module has module-scoped fixtures, else None."""
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    shared = sorted(
+        {
+            d.argname
+            for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo else ())
+            for d in defs
+            if d.scope == "module" and (inspect.getsourcefile(d.func) or "").endswith("conftest.py")
+        }
+    )
+    if shared:
+        return "+".join(f"conftest:{name}" for name in shared)
+    module = getattr(item, "module", None)
+    return module.__name__ if module is not None and _module_has_module_fixtures(module) else None
+
+
+def _cost_rank(item: pytest.Item) -> int:
+    """0 for the slow layers (vLLM, Chromium, > 30 s), 1 for the rest: the slow ones are handed out
+    first, so the two pytest-xdist workers end together instead of one finishing a long test alone."""
+    return 0 if any(item.get_closest_marker(m) for m in ("slow", "vllm", "browser")) else 1
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``--dist loadgroup``), the tests that share a module-scoped fixture run on
+    one worker (``xdist_group``, given before xdist reads it): its server or install is paid once, and
+    two workers never pip-install the same plugin or bind the same fixed port at once."""
+    for item in items:
+        group = xdist_group_of(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+class _Ordering:
+    """Registered by ``pytest_configure``: a second ``pytest_collection_modifyitems``, run last."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _order_slow_first_and_faults_last(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Ordering(), "grpo-test-ordering")
+
+
+def _order_slow_first_and_faults_last(items: list[pytest.Item]) -> None:
     """Tests marked ``faults`` restart Postgres and Redis under everyone: they run last (after
-    pytest-django's own ordering, which this hook follows)."""
+    pytest-django's own ordering, which this hook follows), and ``make test`` runs them alone after the
+    rest. Under pytest-xdist the slow layers go first."""
+    if XDIST_WORKER:
+        items.sort(key=_cost_rank)  # stable: pytest-django's order within each rank
     faults = [item for item in items if item.get_closest_marker("faults")]
     if faults:
         items[:] = [item for item in items if not item.get_closest_marker("faults")] + faults

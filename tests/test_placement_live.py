@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from controlplane.runs import services
 from controlplane.runs.models import ACTIVE_STATUSES, MetricPoint, Run, RunEvent, RunStatus
-from tests.conftest import start_celery_worker
+from tests.conftest import VLLM_PORT_BASE, start_celery_worker
 from worker.processes import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -91,7 +91,7 @@ def pool(tmp_path, settings):
         "GRPO_WORKER_GPUS": INVENTORY,
         "GRPO_PLACEMENT_RETRY_S": "1",
         "GRPO_RUNS_DIR": runs_dir,
-        "GRPO_VLLM_PORTS": "8460-8479",
+        "GRPO_VLLM_PORTS": f"{VLLM_PORT_BASE + 60}-{VLLM_PORT_BASE + 79}",
         "GRPO_RUN_HEARTBEAT_S": "1",
     }
     proc = start_celery_worker(queue, tmp_path / "pool-worker.log", concurrency=2, env=env)

@@ -36,8 +36,7 @@ from tests.conftest import REPO
 from worker.processes import group_members, wait_for
 
 # The session's Celery worker copies this process's environment when it starts (after collection):
-# runs get vLLM ports from this helper's range and output directories under a scratch folder.
-os.environ.setdefault("GRPO_VLLM_PORTS", "8400-8449")
+# runs get output directories under a scratch folder (and vLLM ports from tests/conftest.py's range).
 SCRATCH_RUNS_DIR = None if os.environ.get("GRPO_RUNS_DIR") else tempfile.mkdtemp(prefix="grpo-test-runs-")
 if SCRATCH_RUNS_DIR:
     os.environ["GRPO_RUNS_DIR"] = SCRATCH_RUNS_DIR

@@ -134,6 +134,61 @@ def test_feed_allowance_leads_by_the_policy_and_drops_what_it_calls_stale(max_st
     assert published[-1] == feed.consumed_raw_tokens + policy.lead(40) == 60 + policy.lead(40)
 
 
+def _distinct_group(position: int) -> GroupResult:
+    """Two 10-token samples sharing no token with another group's (the trie shares nothing)."""
+    group = _group(position, version=0)
+    for k, sample in enumerate(group.samples):
+        sample.input_ids = [10_000 * (position + 1) + 100 * k + i for i in range(len(sample.input_ids))]
+    return group
+
+
+def _starving_feed(arrivals: list[GroupResult], polls: list[int], token_budget: int) -> RolloutFeed:
+    """A one-row feed whose queue hands out ``arrivals``, is empty for a few polls (counted in
+    ``polls``), then hands out two more groups: what its first row holds tells whether it flushed early."""
+    feed = RolloutFeed(
+        next_group=None,
+        model_version=lambda: 0,
+        token_budget=token_budget,
+        num_rows=1,
+        staleness=StalenessPolicy(max_staleness=2),
+        num_top_logprobs=0,
+        start_position=0,
+        window=MetricWindow(),
+    )
+    late = [_distinct_group(len(arrivals) + k) for k in range(2)]
+
+    def next_group(timeout: float) -> GroupResult | None:
+        polls.append(1)
+        if arrivals:
+            return arrivals.pop(0)
+        if len(polls) > 11 and late:  # empty ~2 s (> the default 1 s flush), then two groups
+            return late.pop(0)
+        time.sleep(timeout)
+        return None
+
+    feed.attach(next_group, token_budget, on_allowance=lambda _: None, rows_per_step=1)
+    return feed
+
+
+@pytest.mark.parametrize(("setting", "samples_in_first_row"), [("0.3", 2), ("off", 4)])
+def test_starved_flush_setting_trains_a_part_filled_row_or_waits_for_a_full_one(
+    monkeypatch, setting, samples_in_first_row
+):
+    """GRPO_STARVED_FLUSH_S: after 0.3 s on an empty queue the open row (one group, room for two) is
+    trained as is; ``off`` waits for the second group, so a step's samples do not follow the box's speed."""
+    monkeypatch.setenv("GRPO_STARVED_FLUSH_S", setting)
+    polls: list[int] = []
+    feed = _starving_feed([_distinct_group(0)], polls, token_budget=40)
+    row = next(iter(feed))["row"]
+    assert len(set(row.sample_index.tolist())) == samples_in_first_row
+
+
+def test_starved_flush_setting_is_checked_naming_it(monkeypatch):
+    monkeypatch.setenv("GRPO_STARVED_FLUSH_S", "soon")
+    with pytest.raises(ValueError, match="GRPO_STARVED_FLUSH_S='soon': give seconds"):
+        _starving_feed([], [], token_budget=40)
+
+
 # --- admission and slots ------------------------------------------------------------------------------
 def test_admission_waits_for_the_allowance_then_for_the_cap_and_counts_the_wait():
     async def scenario():

@@ -18,6 +18,8 @@ and broadcasts the micro-batch (``torch.distributed``), so each rank forwards it
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,8 +43,27 @@ logger = logging.getLogger(__name__)
 
 # How long the feed waits on an empty queue before training a partly filled micro-batch: packing
 # fuller rows is not worth idling the trainer (and with max_staleness=0 the worker may be blocked
-# until this step is trained).
+# until this step is trained). ``GRPO_STARVED_FLUSH_S`` sets it; ``off`` never flushes early, so a step
+# trains the same number of samples however fast the machine is (a reproducible run; at
+# max_staleness=0 the trainer then waits for full micro-batches the rollout side may never send).
+STARVED_FLUSH_ENV = "GRPO_STARVED_FLUSH_S"
 STARVED_FLUSH_S = 1.0
+
+
+def starved_flush_s() -> float:
+    """Seconds on an empty queue before a partly filled micro-batch is trained (``inf``: never)."""
+    raw = os.environ.get(STARVED_FLUSH_ENV, "").strip().lower()
+    if not raw:
+        return STARVED_FLUSH_S
+    if raw in ("off", "never", "inf"):
+        return math.inf
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{STARVED_FLUSH_ENV}={raw!r}: give seconds (a number >= 0) or 'off'") from None
+    if not value >= 0:
+        raise ValueError(f"{STARVED_FLUSH_ENV}={raw!r}: give seconds (a number >= 0) or 'off'")
+    return value
 
 
 @dataclass
@@ -120,6 +141,7 @@ class RolloutFeed:
         self._start_position = start_position
         self._received_before_end = 0
         self.idle_log_s = idle_log_s
+        self.starved_flush_s = starved_flush_s()  # read at start: a bad value fails the run at once
         self.dropped_groups_warning = dropped_groups_warning
         self.dropped_in_a_row = 0
         self.min_shared_tokens = min_shared_tokens
@@ -188,7 +210,7 @@ class RolloutFeed:
 
     def _next_micro_batch(self) -> MicroBatch:
         """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
-        starved_s = 0.0
+        starved_s, flush_after_s = 0.0, self.starved_flush_s
         next_idle_log = time.monotonic() + self.idle_log_s
         while True:
             if not self._ready and self._every_prompt_received():
@@ -210,7 +232,7 @@ class RolloutFeed:
                     elapsed = time.monotonic() - started
                     self.step_wait_s += elapsed
                     starved_s += elapsed
-                    if self.batcher.num_pending_samples and starved_s >= STARVED_FLUSH_S:
+                    if self.batcher.num_pending_samples and starved_s >= flush_after_s:
                         self._ready.extend(self.batcher.flush())
                     continue
                 self.step_wait_s += time.monotonic() - started
