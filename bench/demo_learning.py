@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from trainer.feed import STARVED_FLUSH_ENV  # noqa: E402
 from trainer.tasks.demo import demo_run_document  # noqa: E402
 from worker.processes import ManagedProcess, VLLMServer, free_port  # noqa: E402
 
@@ -76,7 +77,7 @@ def train_once(
     config.write_text(yaml.safe_dump(doc))
     metrics = Path(doc["args"]["output_dir"]) / "metrics.jsonl"
     argv = [sys.executable, "-m", "trainer", "train", "--config", str(config)]
-    env = {**os.environ, **({"GRPO_STARVED_FLUSH_S": "off"} if reproducible else {})}
+    env = {**os.environ, **({STARVED_FLUSH_ENV: "off"} if reproducible else {})}
     proc = ManagedProcess("trainer", argv, env=env, cwd=REPO, log_path=workdir / "trainer.log").start()
     started = time.monotonic()
     try:
@@ -130,12 +131,13 @@ def rise(rewards: list[float]) -> float | None:
 def summary(c: dict, window: int = 5) -> dict:
     """First/last ``window`` steps' mean reward, the test's ``rise`` and the first step at or above ``REACH``."""
     r = c["reward"]
+    gained = rise(r)
     reach = next((s for s, v in zip(c["steps"], r, strict=True) if v >= REACH), None)
     return {
         "first5": round(statistics.fmean(r[:window]), 4) if r else None,
         "last5": round(statistics.fmean(r[-window:]), 4) if r else None,
         "max": round(max(r), 4) if r else None,
-        "rise": None if rise(r) is None else round(rise(r), 4),
+        "rise": None if gained is None else round(gained, 4),
         "first_step_at_0.7": reach,
         "train_s": c["elapsed_s"][-1] if c["elapsed_s"] else None,
     }

@@ -60,8 +60,8 @@ def starved_flush_s() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{STARVED_FLUSH_ENV}={raw!r}: give seconds (a number >= 0) or 'off'") from None
-    if not value >= 0:
+        value = math.nan
+    if not value >= 0:  # NaN (not a number) fails this too
         raise ValueError(f"{STARVED_FLUSH_ENV}={raw!r}: give seconds (a number >= 0) or 'off'")
     return value
 
@@ -210,7 +210,7 @@ class RolloutFeed:
 
     def _next_micro_batch(self) -> MicroBatch:
         """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
-        starved_s, flush_after_s = 0.0, self.starved_flush_s
+        starved_s = 0.0
         next_idle_log = time.monotonic() + self.idle_log_s
         while True:
             if not self._ready and self._every_prompt_received():
@@ -232,7 +232,7 @@ class RolloutFeed:
                     elapsed = time.monotonic() - started
                     self.step_wait_s += elapsed
                     starved_s += elapsed
-                    if self.batcher.num_pending_samples and starved_s >= flush_after_s:
+                    if self.batcher.num_pending_samples and starved_s >= self.starved_flush_s:
                         self._ready.extend(self.batcher.flush())
                     continue
                 self.step_wait_s += time.monotonic() - started
