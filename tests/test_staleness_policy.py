@@ -189,6 +189,35 @@ def test_starved_flush_setting_is_checked_naming_it(monkeypatch):
         _starving_feed([], [], token_budget=40)
 
 
+@pytest.mark.parametrize(("settled", "samples_in_first_row"), [("held", 4), ("in flight", 6)])
+def test_a_part_filled_row_is_trained_once_the_rollout_side_is_held_by_the_allowance(
+    monkeypatch, settled, samples_in_first_row
+):
+    """With the timer off, the feed still trains a part-filled row when nothing more can come: the
+    rollout side reports every finished group sent and none in flight, and what it sent reaches the
+    ceiling. Two groups of identical samples fill the 40-token ceiling (raw tokens) but only 20 of
+    the row's 40 unique tokens, so waiting for a full row would deadlock both sides (the demo did).
+    While a group is still in flight (-1), the feed waits for it instead."""
+    monkeypatch.setenv("GRPO_STARVED_FLUSH_S", "off")
+    arrivals = [_group(0, version=0), _group(1, version=0)]
+    for group in arrivals:
+        group.generated_tokens = sum(len(s) for s in group.samples)
+    polls: list[int] = []
+    feed = _starving_feed(arrivals, polls, token_budget=40)
+    feed.staleness = StalenessPolicy(max_staleness=0)
+    feed.attach(
+        feed.next_group,
+        40,
+        on_allowance=lambda _: None,
+        rows_per_step=1,
+        settled_tokens=lambda: float(feed.received_tokens) if settled == "held" else -1.0,
+    )
+    assert feed.published_ceiling == 40.0
+    row = next(iter(feed))["row"]
+    assert len(set(row.sample_index.tolist())) == samples_in_first_row
+    assert (len(polls) <= 4) == (settled == "held")  # flushed at the first empty poll, not later
+
+
 # --- admission and slots ------------------------------------------------------------------------------
 def test_admission_waits_for_the_allowance_then_for_the_cap_and_counts_the_wait():
     async def scenario():

@@ -42,10 +42,11 @@ from trainer.rollout.types import GroupResult, TrainingSequence
 logger = logging.getLogger(__name__)
 
 # How long the feed waits on an empty queue before training a partly filled micro-batch: packing
-# fuller rows is not worth idling the trainer (and with max_staleness=0 the worker may be blocked
-# until this step is trained). ``GRPO_STARVED_FLUSH_S`` sets it; ``off`` never flushes early, so a step
-# trains the same number of samples however fast the machine is (a reproducible run; at
-# max_staleness=0 the trainer then waits for full micro-batches the rollout side may never send).
+# fuller rows is not worth idling the trainer. ``GRPO_STARVED_FLUSH_S`` sets it; ``off`` never flushes
+# on the timer, so a step trains the same samples however fast the machine is (a reproducible run).
+# Either way a part-filled micro-batch is trained as soon as the rollout side is held by the
+# allowance with every finished group received (RolloutFeed._rollout_held): no more samples can come
+# until this one is trained, so waiting longer would deadlock both sides.
 STARVED_FLUSH_ENV = "GRPO_STARVED_FLUSH_S"
 STARVED_FLUSH_S = 1.0
 
@@ -164,6 +165,10 @@ class RolloutFeed:
         # staleness.lead; publish_allowance() hands the ceiling to on_allowance.
         self.allowance_lead = 0.0
         self.on_allowance: Callable[[float], None] | None = None
+        self.published_ceiling = 0.0  # the last ceiling handed to the rollout process (raw tokens)
+        self.received_tokens = 0  # raw tokens of every group received (GroupResult.generated_tokens)
+        # The rollout side's settled_tokens (RolloutChannels); None: not known (no held-flush).
+        self.settled_tokens: Callable[[], float] | None = None
         self.step_wait_s = 0.0
 
     def attach(
@@ -173,17 +178,22 @@ class RolloutFeed:
         *,
         on_allowance: Callable[[float], None],
         rows_per_step: int,
+        settled_tokens: Callable[[], float] | None = None,
     ) -> None:
         """Connect the rollout process once it is started (the budget comes from the server).
 
         ``on_allowance`` receives each new ceiling (cumulative raw tokens). Until a step tells how
-        many raw tokens a step takes, the lead is :meth:`initial_lead` (``rows_per_step`` full rows).
+        many raw tokens a step takes, the lead is :meth:`initial_lead` (``rows_per_step`` full rows),
+        which is also the ceiling the rollout process was started with. ``settled_tokens`` reads the
+        rollout side's settled tokens (``RolloutWorkerHandle.settled_tokens``).
         """
         self.next_group = next_group
         self.token_budget = token_budget
         self.batcher = TokenBudgetBatcher(token_budget, self.num_rows, self.min_shared_tokens)
         self.on_allowance = on_allowance
+        self.settled_tokens = settled_tokens
         self.allowance_lead = self.initial_lead(token_budget, rows_per_step)
+        self.published_ceiling = self.consumed_raw_tokens + self.allowance_lead
 
     def initial_lead(self, token_budget: int, rows_per_step: int) -> float:
         """The lead before the first step (raw tokens): every row of a step full, ``token_budget``
@@ -206,7 +216,18 @@ class RolloutFeed:
         process already queued, and both sides would wait on each other forever.
         """
         if self.on_allowance is not None:
-            self.on_allowance(self.consumed_raw_tokens + self.allowance_lead)
+            self.published_ceiling = self.consumed_raw_tokens + self.allowance_lead
+            self.on_allowance(self.published_ceiling)
+
+    def _rollout_held(self) -> bool:
+        """Whether no sample can arrive until this side consumes one: every group the rollout
+        process finished is received, none is in flight, and what it queued reaches the ceiling
+        (``StalenessGate.can_admit`` then admits nothing). Once true it stays true until the feed
+        raises the ceiling, since only the feed raises it."""
+        if self.settled_tokens is None:
+            return False
+        settled = self.settled_tokens()
+        return settled == self.received_tokens and self.received_tokens >= self.published_ceiling
 
     def _next_micro_batch(self) -> MicroBatch:
         """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
@@ -232,7 +253,9 @@ class RolloutFeed:
                     elapsed = time.monotonic() - started
                     self.step_wait_s += elapsed
                     starved_s += elapsed
-                    if self.batcher.num_pending_samples and starved_s >= self.starved_flush_s:
+                    if self.batcher.num_pending_samples and (
+                        starved_s >= self.starved_flush_s or self._rollout_held()
+                    ):
                         self._ready.extend(self.batcher.flush())
                     continue
                 self.step_wait_s += time.monotonic() - started
@@ -283,6 +306,7 @@ class RolloutFeed:
         return self._received_before_end >= self.end_position - self._start_position
 
     def _receive(self, result: GroupResult) -> None:
+        self.received_tokens += int(result.generated_tokens or 0)
         if self.end_position is not None:
             if result.position >= self.end_position:
                 # Generated ahead past the last epoch: never trained, not a consumed prompt; its

@@ -12,7 +12,11 @@ loop in a thread (queues/events of ``queue``/``threading`` then) all take it who
 * ``failed_event`` + ``exception_info_queue``: the child's exception and traceback;
 * ``stop_event``: asks the child to stop;
 * ``oldest_pinned_version`` (``'i'``): the oldest policy version an in-flight rollout is pinned to
-  (LoRA adapter serving: the trainer keeps that adapter's files until no rollout needs them).
+  (LoRA adapter serving: the trainer keeps that adapter's files until no rollout needs them);
+* ``settled_tokens`` (``'d'``): the raw tokens of every group emitted so far while no group is in
+  flight, -1 while one is: with the allowance, it tells the trainer the rollout side is held
+  (nothing more comes until the trainer consumes), so a part-filled micro-batch can be trained
+  at a point fixed by counts, not by a timer (``trainer.feed``).
 
 The first seven keep the names of the spec's ``AsyncRolloutLoop`` constructor arguments.
 """
@@ -65,6 +69,7 @@ class RolloutChannels:
     failed_event: Signal
     stop_event: Signal | None = None
     oldest_pinned_version: SharedValue | None = None
+    settled_tokens: SharedValue | None = None
 
     @classmethod
     def create(
@@ -85,6 +90,7 @@ class RolloutChannels:
             failed_event=ctx.Event(),
             stop_event=ctx.Event(),
             oldest_pinned_version=ctx.Value("i", int(initial_model_version)),
+            settled_tokens=ctx.Value("d", 0.0),
         )
 
     def report_failure(self, exc: BaseException) -> None:

@@ -529,8 +529,19 @@ class AsyncRolloutLoop:
         admitted = await self.admission.admit(lambda: self.token_allowance.value, self._stopping)
         if admitted is None:
             raise _Stop()
+        self._publish_settled()
         self.window.add(ROLLOUT_BACKPRESSURE_S, admitted.waited_s)
         return admitted.reservation
+
+    def _publish_settled(self) -> None:
+        """``settled_tokens``: the raw tokens emitted so far once no group is in flight, else -1.
+        Written after the admission or the emit it follows, so a value the trainer reads that equals
+        what it received means every finished group has reached the queue."""
+        settled = self.channels.settled_tokens
+        if settled is None:
+            return
+        gate = self.admission.gate
+        settled.value = float(gate.queued_tokens) if gate.groups_in_flight == 0 else -1.0
 
     # ==== one group ==============================================================================
     async def _run_group(
@@ -627,6 +638,7 @@ class AsyncRolloutLoop:
                 generated_tokens=queued_tokens,
             )
         )
+        self._publish_settled()
 
     def _emit(self, result: GroupResult) -> None:
         self.rollout_buffer.put(result)

@@ -108,6 +108,11 @@ class RolloutWorkerHandle:
         self.channels.model_version_value.value = int(version)
 
     # --- worker -> trainer -----------------------------------------------------------------------
+    def settled_tokens(self) -> float:
+        """Raw tokens emitted so far if no group is in flight, else -1 (``RolloutChannels``)."""
+        settled = self.channels.settled_tokens
+        return -1.0 if settled is None else float(settled.value)
+
     def oldest_pinned_version(self) -> int | None:
         """The oldest policy version an in-flight rollout still generates with (None: not tracked)."""
         pinned = self.channels.oldest_pinned_version

@@ -330,6 +330,7 @@ class AsyncGRPOTrainer(Trainer):
             token_budget,
             on_allowance=self._handle.set_token_allowance,
             rows_per_step=rows_per_step,
+            settled_tokens=self._handle.settled_tokens,
         )
         logger.info(
             "rollout process pid %s started (server %s, model %s, token_budget %d, start position %d)",
