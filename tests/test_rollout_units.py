@@ -152,37 +152,57 @@ def test_rewards_sum_sources_and_exclude_none():
     assert standardize(np.array([2.0, 2.0])).tolist() == [0.0, 0.0]
 
 
+# The four reward functions below count themselves in and wait until all four are in: run one at a
+# time, the first would see only itself. OVERLAP_GUARD_S bounds a wait that never ends (a hang guard).
+_RUNNING = {"in": 0}
+_RUNNING_LOCK = threading.Lock()
+OVERLAP_GUARD_S = 30.0
+
+
+def _enter() -> float:
+    with _RUNNING_LOCK:
+        _RUNNING["in"] += 1
+    return time.monotonic() + OVERLAP_GUARD_S
+
+
 def _sync_reward(completions, **kwargs):
-    time.sleep(0.3)
-    return [1.0, None, 3.0]
+    guard = _enter()
+    while _RUNNING["in"] < 4 and time.monotonic() < guard:
+        time.sleep(0.01)
+    return [1.0, None, float(_RUNNING["in"])]
 
 
 async def _async_reward(completions, **kwargs):
-    await asyncio.sleep(0.3)
-    return [None, None, 0.5]
+    guard = _enter()
+    while _RUNNING["in"] < 4 and time.monotonic() < guard:
+        await asyncio.sleep(0.01)
+    return [None, None, _RUNNING["in"] / 8]
 
 
 class _AsyncCallable:
     async def __call__(self, completions, **kwargs):
-        await asyncio.sleep(0.3)
+        guard = _enter()
+        while _RUNNING["in"] < 4 and time.monotonic() < guard:
+            await asyncio.sleep(0.01)
         return [0.0, 0.0, 0.0]
 
 
 def test_sync_and_async_reward_functions_run_concurrently():
+    """All four (two sync in the pool, two async on the loop) are running at once: each returns only
+    once the four have started, and reports how many it saw."""
     from concurrent.futures import ThreadPoolExecutor
 
+    _RUNNING["in"] = 0
     funcs = [_sync_reward, _async_reward, _AsyncCallable(), functools.partial(_sync_reward)]
     kwargs = {"prompts": [[]] * 3, "completions": [[]] * 3, "completion_ids": [[]] * 3}
 
     async def run():
         with ThreadPoolExecutor(4) as pool:
-            started = time.monotonic()
-            values = await call_reward_funcs(funcs, kwargs, 3, pool)
-            return values, time.monotonic() - started
+            return await call_reward_funcs(funcs, kwargs, 3, pool)
 
-    values, elapsed = asyncio.run(run())
-    assert values[0] == [1.0, None, 3.0] and values[1] == [None, None, 0.5] and values[2] == [0.0, 0.0, 0.0]
-    assert elapsed < 0.9, f"four 0.3 s reward functions took {elapsed:.2f} s: they did not overlap"
+    values = asyncio.run(run())
+    assert values[0] == [1.0, None, 4.0] and values[1] == [None, None, 0.5] and values[2] == [0.0, 0.0, 0.0]
+    assert values[3] == [1.0, None, 4.0]  # none finished before all four were running
 
 
 def test_reward_function_returning_wrong_length_names_it():
