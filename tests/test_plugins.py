@@ -118,11 +118,12 @@ def test_plugin_modules_setting_adds_names_and_reports_broken_modules(monkeypatc
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_run_with_the_plugins_reward_environment_and_dataset_completes(
-    acme_installed, celery_worker_process, tiny_model_dir, settings
+    acme_installed, celery_worker_process, session_server, tiny_model_dir, settings
 ):
     settings.GRPO_RUNS_QUEUE = celery_worker_process["queue"]
     doc = {
         "model": "tiny",
+        "resources": {"server": session_server},  # the plugins are under test, not the vLLM launch
         "train_dataset": "acme-sums",
         "reward_funcs": [EXACT],
         "environment_factory": LEDGER,
