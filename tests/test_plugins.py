@@ -200,7 +200,9 @@ def test_a_reward_whose_columns_the_dataset_lacks_is_refused_naming_both(acme_in
     doc = {"model": "tiny", "train_dataset": "acme-sums", "reward_funcs": ["trainer.rewards.accuracy_reward"]}
     response = api.post("/api/v1/runs/", {"config": {**doc, "args": {"max_steps": 2}}}, format="json")
     assert response.status_code == 400, response.content
-    message = response.json()["config"]["reward_funcs[0]"]
+    errors = response.json()["config"]
+    assert "reward_funcs[0]" in errors, errors
+    message = errors["reward_funcs[0]"]
     assert "'trainer.rewards.accuracy_reward' reads column(s) solution" in message, message
     assert "'acme-sums'" in message and "prompt, answer" in message, message
     ok = {**doc, "reward_funcs": [EXACT], "args": {"max_steps": 2}}
