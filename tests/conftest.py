@@ -6,6 +6,7 @@ worker process consuming from Redis.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from worker.processes import VLLMServer, free_port, http_ok
 
@@ -76,6 +78,7 @@ __all__ = [
     "daphne_on_test_db",
     "free_port",
     "http_ok",
+    "run_async",
     "start_celery_worker",
     "starts_chromium",
 ]
@@ -128,6 +131,36 @@ def acme_installed(tmp_path_factory):
     finally:
         subprocess.run([*pip, "uninstall", "-y", "acme-grpo"], check=True, timeout=120)
         registry.refresh()
+
+
+# How often ``run_async`` re-cancels what a scenario left running, one second apart (a hang guard).
+CANCEL_ROUNDS = 30
+
+
+def run_async(coro: Any) -> Any:
+    """Run an async scenario from a sync test (``async_to_sync``: thread-sensitive database calls use
+    the test's own thread and connection, so no connection outlives the test).
+
+    What the scenario leaves running (an ASGI application a ``WebsocketCommunicator`` started, its
+    channel-layer receive) is cancelled here, again while it still runs: a cancellation that reaches
+    channels_redis inside redis-py's read timeout can be lost, and the receive then polls BZPOPMIN
+    forever while ``asyncio.run``'s own clean-up waits on it (seen under pytest-xdist: a test hung
+    900 s). Cancelling again ends it."""
+
+    async def runner():
+        try:
+            return await coro
+        finally:
+            me = asyncio.current_task()
+            for _ in range(CANCEL_ROUNDS):
+                left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+                if not left:
+                    break
+                for task in left:
+                    task.cancel()
+                await asyncio.wait(left, timeout=1.0)
+
+    return async_to_sync(runner)()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -37,6 +36,7 @@ from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunEven
 from controlplane.runs.serializers import SafeJSONParser
 from controlplane.runs.services import ingest
 from controlplane.runs.validation import run_document_validate
+from tests.conftest import run_async
 from trainer.config import AsyncGRPOConfig
 from trainer.run_config import TOP_LEVEL_KEYS, RunConfigError, validate_run_document
 
@@ -787,13 +787,6 @@ def ws_world() -> dict:
         "bob": services.token_issue(username="bob"),
         "inactive": services.token_issue(username="carol"),
     }
-
-
-def run_async(coro):
-    async def runner():
-        return await coro
-
-    return async_to_sync(runner)()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,7 +13,6 @@ import json
 import time
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
@@ -24,6 +23,7 @@ from controlplane.runs import services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
+from tests.conftest import run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,16 +54,6 @@ async def open_socket(path: str, headers: list | None = None) -> tuple[Websocket
     if first["type"] == "websocket.close":
         return comm, first["code"]
     return comm, json.loads(first["text"])
-
-
-def run_async(coro):
-    """Run a scenario from this sync test; thread-sensitive DB calls then use the test's own thread
-    (and connection), so no connection outlives the test."""
-
-    async def runner():
-        return await coro
-
-    return async_to_sync(runner)()
 
 
 def test_anonymous_and_bad_token_sockets_are_closed_4401():
