@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 
@@ -38,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"===== {args.slowest} slowest tests (setup + call + teardown, all phases) =====")
     for seconds, name, outcome in sorted(cases, reverse=True)[: args.slowest]:
         print(f"{seconds:8.1f}s  {name}  [{outcome}]")
-    counts: dict[str, int] = {}
-    for _, _, outcome in cases:
-        counts[outcome] = counts.get(outcome, 0) + 1
+    counts = Counter(outcome for _, _, outcome in cases)
     total = sum(s for s, _, _ in cases)
     print(
         f"{len(cases)} tests ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}); {total:.0f} s of test time"

@@ -11,8 +11,12 @@ from tests.conftest import REPO, starts_chromium
 
 def _fast_layer_excludes() -> list[str]:
     """The markers ``FAST_LAYER`` leaves out (``not a and not b ...``), read from the Makefile."""
-    line = re.search(r"^FAST_LAYER := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
-    return re.findall(r"not (\w+)", line)
+    return re.findall(r"not (\w+)", _makefile_variable("FAST_LAYER"))
+
+
+def _makefile_variable(name: str) -> str:
+    """The value of ``NAME := value`` in the Makefile."""
+    return re.search(rf"^{name} := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
 
 
 def test_no_fast_layer_test_starts_vllm_or_a_browser(request):
@@ -44,9 +48,7 @@ def test_make_tests_phases_run_every_test_exactly_once():
     """``make test`` runs FAST_LAYER, then HEAVY_LAYER, then ``faults``: whatever markers a test has,
     exactly one phase selects it (checked over every combination of the layer markers)."""
     makefile = (REPO / "Makefile").read_text()
-    phases = [
-        re.search(rf"^{name} := (.+)$", makefile, re.M).group(1) for name in ("FAST_LAYER", "HEAVY_LAYER")
-    ]
+    phases = [_makefile_variable(name) for name in ("FAST_LAYER", "HEAVY_LAYER")]
     assert (
         all(f'-m "$({name})"' in makefile for name in ("FAST_LAYER", "HEAVY_LAYER"))
         and "-m faults" in makefile

@@ -160,21 +160,27 @@ OVERLAP_GUARD_S = 30.0
 
 
 def _enter() -> float:
+    """Count one more reward function in; returns its guard's deadline (monotonic seconds)."""
     with _RUNNING_LOCK:
         _RUNNING["in"] += 1
     return time.monotonic() + OVERLAP_GUARD_S
 
 
+def _keep_waiting(guard: float) -> bool:
+    """Whether fewer than four are in and the guard has not run out."""
+    return _RUNNING["in"] < 4 and time.monotonic() < guard
+
+
 def _sync_reward(completions, **kwargs):
     guard = _enter()
-    while _RUNNING["in"] < 4 and time.monotonic() < guard:
+    while _keep_waiting(guard):
         time.sleep(0.01)
     return [1.0, None, float(_RUNNING["in"])]
 
 
 async def _async_reward(completions, **kwargs):
     guard = _enter()
-    while _RUNNING["in"] < 4 and time.monotonic() < guard:
+    while _keep_waiting(guard):
         await asyncio.sleep(0.01)
     return [None, None, _RUNNING["in"] / 8]
 
@@ -182,7 +188,7 @@ async def _async_reward(completions, **kwargs):
 class _AsyncCallable:
     async def __call__(self, completions, **kwargs):
         guard = _enter()
-        while _RUNNING["in"] < 4 and time.monotonic() < guard:
+        while _keep_waiting(guard):
             await asyncio.sleep(0.01)
         return [0.0, 0.0, 0.0]
 

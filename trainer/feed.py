@@ -193,7 +193,7 @@ class RolloutFeed:
         self.on_allowance = on_allowance
         self.settled_tokens = settled_tokens
         self.allowance_lead = self.initial_lead(token_budget, rows_per_step)
-        self.published_ceiling = self.consumed_raw_tokens + self.allowance_lead
+        self.published_ceiling = self._ceiling()
 
     def initial_lead(self, token_budget: int, rows_per_step: int) -> float:
         """The lead before the first step (raw tokens): every row of a step full, ``token_budget``
@@ -216,8 +216,12 @@ class RolloutFeed:
         process already queued, and both sides would wait on each other forever.
         """
         if self.on_allowance is not None:
-            self.published_ceiling = self.consumed_raw_tokens + self.allowance_lead
+            self.published_ceiling = self._ceiling()
             self.on_allowance(self.published_ceiling)
+
+    def _ceiling(self) -> float:
+        """The rollout process's cumulative raw-token ceiling now: consumed + ``allowance_lead``."""
+        return self.consumed_raw_tokens + self.allowance_lead
 
     def _rollout_held(self) -> bool:
         """Whether no sample can arrive until this side consumes one: every group the rollout
