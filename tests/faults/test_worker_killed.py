@@ -1,11 +1,10 @@
 """The Celery worker killed (``kill -9`` of its whole process tree) while it supervises a run, then a
 new worker resumes the run.
 
-A dedicated worker (its own queue) takes the run, on the session's vLLM server (the per-run server's
-group going down with its supervisor is tests/faults/test_run_faults.py's); once the run is past its
-first checkpoint, every process of the worker gets SIGKILL, as when its machine or container dies. Then:
+A dedicated worker (its own queue) takes the run; once the run is past its first checkpoint, every
+process of the worker gets SIGKILL, as when its machine or container dies. Then:
 
-* the trainer's process group goes down with it (its ``worker.guard`` sees its parent vanish),
+* the run's process groups go down with it (each child's ``worker.guard`` sees its parent vanish),
   and the run is marked ``failed`` naming the lost worker once its heartbeat is
   ``GRPO_RUN_STALE_AFTER_S`` old, on the next read (the API, the pages, the periodic check);
 * resumed by a new worker, what the trainer wrote reaches Postgres once, from the byte offsets the
@@ -28,7 +27,7 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunFileCursor, RunStatus
-from tests.conftest import SESSION_SERVERS_ENV, start_celery_worker
+from tests.conftest import start_celery_worker
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
 from worker.processes import descendants, group_members, wait_for
 
@@ -78,16 +77,15 @@ def completion_rows_expected(path: Path, boundary: int) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_loses_no_step(
-    django_db_setup, tiny_model_dir, session_server, tmp_path, monkeypatch
+    django_db_setup, tiny_model_dir, tmp_path, monkeypatch
 ):
     queue = f"restart-{os.getpid()}"
     monkeypatch.setattr(settings, "GRPO_RUNS_QUEUE", queue)
     monkeypatch.setattr(settings, "GRPO_RUN_STALE_AFTER_S", STALE_AFTER_S)
     owner = get_user_model().objects.create_user(username="worker-restart")
-    worker = start_celery_worker(queue, tmp_path / "worker-1.log", concurrency=1, env=SESSION_SERVERS_ENV)
+    worker = start_celery_worker(queue, tmp_path / "worker-1.log", concurrency=1)
     try:
-        config = {**RUN_DOC, "resources": {"server": session_server}}
-        run, _ = services.run_create(owner=owner, name="worker restarted", config=config)
+        run, _ = services.run_create(owner=owner, name="worker restarted", config=RUN_DOC)
         # Mid-run: its first checkpoint recorded and a step past it stored.
         wait_for(
             lambda: (
@@ -108,8 +106,7 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
         for pid in members:
             leaked = environment_names(pid) & {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
             assert not leaked, (pid, leaked, Path(f"/proc/{pid}/cmdline").read_bytes()[:300])
-        assert run.vllm_pid is None  # the named server is not the run's
-        groups = [run.trainer_pid]
+        groups = [run.vllm_pid, run.trainer_pid]
         own = [pid for pid in [worker.pid, *descendants(worker.pid)] if os.getpgid(pid) not in groups]
         assert len(own) >= 2  # the worker's main process and the pool child running the supervisor
         for pid in own:
@@ -138,7 +135,7 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
     out = Path(run.output_dir)
     boundary = (out / COMPLETIONS_FILE).stat().st_size  # attempt 1's lines end here
 
-    worker = start_celery_worker(queue, tmp_path / "worker-2.log", concurrency=1, env=SESSION_SERVERS_ENV)
+    worker = start_celery_worker(queue, tmp_path / "worker-2.log", concurrency=1)
     try:
         services.run_resume(run=Run.objects.get(pk=run.pk))
         wait_for(lambda: Run.objects.get(pk=run.pk).is_terminal, timeout_s=480, what="the resumed run")
