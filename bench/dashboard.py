@@ -96,8 +96,10 @@ def _make_run(user, *, metrics: int, steps: int):
 def _start_daphne(port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     import urllib.request
 
+    from controlplane.core.web_server import daphne_args
+
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        [sys.executable, *daphne_args(host="127.0.0.1", port=port)],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,

@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "resources": {"vllm": {"gpus": 1}, "trainer": {"gpus": 2}},
             "args": {
                 "max_steps": 50,
+                "max_completion_length": 128,  # the tiny model's server holds 1024 tokens
                 "dtype": "float32",
                 "gradient_checkpointing": False,
                 "save_strategy": "no",

@@ -67,6 +67,9 @@ GRPO_CONTENT_SECURITY_POLICY = os.environ.get(
 )
 # A websocket frame from a client larger than this closes the socket with 1009 (message too big).
 GRPO_WS_MAX_FRAME_BYTES = int(os.environ.get("GRPO_WS_MAX_FRAME_BYTES", "65536"))
+# Seconds a websocket handshake may take before daphne resets the connection (daphne's default is 5:
+# 150 pages connecting at once to a loaded web process got resets while they waited their turn).
+GRPO_WS_HANDSHAKE_TIMEOUT_S = int(os.environ.get("GRPO_WS_HANDSHAKE_TIMEOUT_S", "30"))
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -123,11 +126,21 @@ GRPO_CHANNEL_SOCKET_TIMEOUT_S = float(os.environ.get("GRPO_CHANNEL_SOCKET_TIMEOU
 # Key prefix of the Channels layer in Redis: deployments (or test sessions) sharing one Redis keep
 # their run streams apart (group names are run-<id>, and two databases reuse ids).
 GRPO_CHANNEL_PREFIX = os.environ.get("GRPO_CHANNEL_PREFIX", "asgi")
+# Redis connections one web process's channel layer may hold at once (redis-py's pool; its default,
+# 100, was exhausted by 100 sockets connecting at once: each join holds one while it runs). A socket
+# that still finds the pool full is closed with 4503 (HTTP 503 + 4000: try again later), never 1011.
+GRPO_CHANNEL_MAX_CONNECTIONS = int(os.environ.get("GRPO_CHANNEL_MAX_CONNECTIONS", "1000"))
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": GRPO_CHANNEL_SOCKET_TIMEOUT_S}],
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": GRPO_CHANNEL_SOCKET_TIMEOUT_S,
+                    "max_connections": GRPO_CHANNEL_MAX_CONNECTIONS,
+                }
+            ],
             "capacity": 1000,
             "expiry": 30,
             "prefix": GRPO_CHANNEL_PREFIX,
@@ -221,15 +234,35 @@ GRPO_VLLM_PORTS = env_port_range("GRPO_VLLM_PORTS", "8100-8199")
 # Extra flags for every run's `python -m trainer serve` (shell syntax), e.g. "--enable-lora".
 GRPO_VLLM_EXTRA_ARGS = os.environ.get("GRPO_VLLM_EXTRA_ARGS", "")
 GRPO_VLLM_START_TIMEOUT_S = float(os.environ.get("GRPO_VLLM_START_TIMEOUT_S", "900"))
+# A run's own vLLM server without resources.vllm.max_model_len gets the run's lengths (longest prompt
+# + max_completion_length) rounded up to a multiple of this many tokens, capped at the model's limit.
+GRPO_VLLM_MAX_MODEL_LEN_MULTIPLE = int(os.environ.get("GRPO_VLLM_MAX_MODEL_LEN_MULTIPLE", "256"))
+# Preflight (controlplane/runs/launch_checks.py): prompts tokenized per dataset to find the longest
+# (a larger dataset is sampled, and the refusal says so), and seconds a named server's /v1/models and
+# /server_info may take to answer (no answer: not refused, the server may start later).
+GRPO_PREFLIGHT_SAMPLE_ROWS = int(os.environ.get("GRPO_PREFLIGHT_SAMPLE_ROWS", "2000"))
+GRPO_PREFLIGHT_SERVER_TIMEOUT_S = float(os.environ.get("GRPO_PREFLIGHT_SERVER_TIMEOUT_S", "2"))
 # The supervisor refreshes Run.heartbeat_at this often; a live run silent for longer than
 # GRPO_RUN_STALE_AFTER_S lost its worker and is marked failed.
 GRPO_RUN_HEARTBEAT_S = float(os.environ.get("GRPO_RUN_HEARTBEAT_S", "2"))
 GRPO_RUN_STALE_AFTER_S = float(os.environ.get("GRPO_RUN_STALE_AFTER_S", "90"))
-# Stop: SIGTERM, then SIGKILL after this many seconds.
+# Stop: SIGTERM, then SIGKILL after this many seconds. A worker's shutdown first gives each live run's
+# trainer this long to save a checkpoint at its step's end (the run is then `interrupted`).
 GRPO_STOP_GRACE_S = float(os.environ.get("GRPO_STOP_GRACE_S", "10"))
+# A worker that starts resumes the interrupted runs of its host and pools (from their checkpoint).
+GRPO_RESUME_INTERRUPTED = env_bool("GRPO_RESUME_INTERRUPTED", True)
 # Local model directories / dataset files a web or API document may name (besides registry names).
 GRPO_ALLOWED_MODEL_ROOTS = env_list("GRPO_ALLOWED_MODEL_ROOTS")
 GRPO_ALLOWED_DATASET_ROOTS = env_list("GRPO_ALLOWED_DATASET_ROOTS")
+# Bounds on a run's resources that hold before any worker has registered what its host has (then
+# the registered hosts bound them): GPUs of one run (it gets one host's), trainer processes of a CPU
+# run, and the context of its vLLM server.
+GRPO_MAX_RUN_GPUS = int(os.environ.get("GRPO_MAX_RUN_GPUS", "16"))
+GRPO_MAX_TRAINER_PROCESSES = int(os.environ.get("GRPO_MAX_TRAINER_PROCESSES", "256"))
+GRPO_MAX_MODEL_LEN = int(os.environ.get("GRPO_MAX_MODEL_LEN", "1048576"))
+# A local folder named as a model or dataset is walked (links followed) to check that nothing in it
+# leads out of those roots; a folder with more entries than this is refused (the walk's bound).
+GRPO_LOCAL_SOURCE_MAX_ENTRIES = int(os.environ.get("GRPO_LOCAL_SOURCE_MAX_ENTRIES", "10000"))
 # Hub repo ids a web document may name (glob patterns, e.g. "Qwen/*,meta-llama/Llama-3.2-*"); empty
 # means none. The worker downloads with its own HF_TOKEN; HF_HUB_OFFLINE=1 keeps it to its cache.
 GRPO_ALLOWED_HUB_MODELS = env_list("GRPO_ALLOWED_HUB_MODELS")
@@ -260,6 +293,9 @@ GRPO_COMPLETION_SEARCH_MAX_CHARS = int(os.environ.get("GRPO_COMPLETION_SEARCH_MA
 GRPO_COMPLETION_GROUPS_PAGE_SIZE = int(os.environ.get("GRPO_COMPLETION_GROUPS_PAGE_SIZE", "10"))
 GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE = int(os.environ.get("GRPO_COMPLETION_GROUPS_MAX_PAGE_SIZE", "100"))
 GRPO_DEMO_PASSWORD = os.environ.get("GRPO_DEMO_PASSWORD", "demo")
+# The demo run trains on this registered vLLM server (a name of GRPO_VLLM_SERVERS) instead of starting
+# its own; empty: its own, as any run without `resources.server`.
+GRPO_DEMO_SERVER = os.environ.get("GRPO_DEMO_SERVER", "")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

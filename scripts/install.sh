@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Create or reuse .venv and install the pinned dependencies of pyproject.toml.
-# Idempotent: a stamp keyed on pyproject.toml's hash makes a second call a no-op (< 1 s).
+# Idempotent: a stamp keyed on pyproject.toml's hash makes a second call a no-op (< 1 s); the
+# dependencies are keyed on its dependency tables only (.deps-*, and the cache below).
 #   scripts/install.sh            runtime + dev dependencies
 #   scripts/install.sh --system   also Debian packages the tests need (docker-compose, chromium)
 set -euo pipefail
+
+# setuptools' editable build can leave <name>.egg-info in the checkout; Python finds it before the
+# venv's own dist-info whenever the working directory is on sys.path (python -c, python -m, the
+# worker's children run from here), so stale entry points (a rollout loop, a reward added to
+# pyproject.toml) would shadow the fresh ones: the install's metadata is the venv's alone.
+forget_checkout_egg_info() { rm -rf ./*.egg-info; }
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
@@ -40,14 +47,33 @@ STAMP="$VENV/.installed-$PINS"
 if [ -f "$STAMP" ]; then
   exit 0
 fi
+# What pip installs is decided by pyproject.toml's dependency tables only: a change elsewhere in it
+# (pytest markers, ruff, this project's entry points) reinstalls the checkout itself and keeps the
+# dependencies (and their cache entry).
+DEPS="$FLAVOUR-$( ("$PY" - <<'PYEOF'
+import json, tomllib
+doc = tomllib.load(open("pyproject.toml", "rb"))
+project = doc.get("project", {})
+kept = {key: project.get(key) for key in ("dependencies", "optional-dependencies", "requires-python")}
+print(json.dumps({**kept, "build-system": doc.get("build-system")}, sort_keys=True))
+PYEOF
+  cat scripts/install.sh) | sha256sum | cut -c1-16)"
+if [ -f "$VENV/.deps-$DEPS" ]; then
+  echo "install: dependencies unchanged; reinstalling this checkout only"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v '^WARNING: Location' || true
+  forget_checkout_egg_info
+  rm -f "$VENV"/.installed-*
+  touch "$STAMP"
+  exit 0
+fi
 
 # A checkout whose .venv has nothing installed yet (a clean clone, CI) reuses the dependencies an earlier install of the same
 # pins left in the cache: a hard-linked copy (~2 s instead of ~3 min of pip), then this checkout's own
 # editable install. Installs and uninstalls only add and unlink files, so the cache is never changed
 # through the copy. GRPO_VENV_CACHE: the folder (default ~/.cache/grpo/venvs), or "off".
 VENV_CACHE=${GRPO_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo/venvs}
-CACHED="$VENV_CACHE/$PINS-$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
-if [ "$VENV_CACHE" != off ] && [ -f "$CACHED/$(basename "$STAMP")" ] && ! ls "$VENV"/.installed-* >/dev/null 2>&1; then
+CACHED="$VENV_CACHE/$DEPS-$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
+if [ "$VENV_CACHE" != off ] && [ -f "$CACHED/.deps-$DEPS" ] && ! ls "$VENV"/.installed-* "$VENV"/.deps-* >/dev/null 2>&1; then
   echo "install: $VENV from the cached dependencies of the same pins ($CACHED; GRPO_VENV_CACHE=off installs afresh)"
   rm -rf "$VENV"
   cp -al "$CACHED" "$VENV"
@@ -57,6 +83,9 @@ if [ "$VENV_CACHE" != off ] && [ -f "$CACHED/$(basename "$STAMP")" ] && ! ls "$V
   grep -rlI --exclude-dir=__pycache__ -F "$ORIGIN" "$VENV/bin" | xargs -r sed -i "s|$ORIGIN|$PWD/$VENV|g"
   if "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v '^WARNING: Location'; \
      "$VENV/bin/python" -c "import vllm, transformers, django, celery, channels, controlplane, trainer, worker"; then
+    forget_checkout_egg_info
+    rm -f "$VENV"/.installed-*
+    touch "$STAMP"
     echo "install: done ($FLAVOUR, from the cache)"
     exit 0
   fi
@@ -68,6 +97,7 @@ fi
 echo "install: pip install -e .[$FLAVOUR,dev] (first time: ~4 min, ~3.5 GB)"
 "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 "$VENV/bin/python" -m pip install -q -e ".[$FLAVOUR,dev]" 2>&1 | grep -v '^WARNING: Location' || true
+forget_checkout_egg_info
 "$VENV/bin/python" -c "import vllm, transformers, django, celery, channels" \
   || { echo "install: dependency install failed (see pip output above)" >&2; exit 1; }
 
@@ -79,8 +109,8 @@ fi
 "$VENV/bin/python" -c "from transformers import Qwen3ForCausalLM" \
   || { echo "install: transformers cannot import Qwen3ForCausalLM" >&2; exit 1; }
 
-rm -f "$VENV"/.installed-*
-touch "$STAMP"
+rm -f "$VENV"/.installed-* "$VENV"/.deps-*
+touch "$STAMP" "$VENV/.deps-$DEPS"
 if [ "$VENV_CACHE" != off ]; then
   # Keep these dependencies for the next clean checkout (one entry per flavour: older pins go).
   mkdir -p "$VENV_CACHE"

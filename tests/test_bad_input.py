@@ -10,11 +10,9 @@ exception, and a refused create must store nothing. The Django clients keep thei
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +30,7 @@ from rest_framework.test import APIClient
 from controlplane.asgi import application
 from controlplane.runs import services
 from controlplane.runs.consumers import CLOSE_NOT_FOUND, CLOSE_TOO_BIG, CLOSE_UNAUTHENTICATED
+from controlplane.runs.launch_checks import process_state_kept
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunEvent
 from controlplane.runs.serializers import SafeJSONParser
 from controlplane.runs.services import ingest
@@ -49,7 +48,8 @@ def good(**args) -> dict:
         "model": "tiny",
         "train_dataset": "arithmetic-small",
         "reward_funcs": [GOOD_REWARD],
-        "args": {"max_steps": 4, "num_generations": 4, **args},
+        # within the tiny model's 1024-token server (the default 2048 is refused at creation)
+        "args": {"max_steps": 4, "num_generations": 4, "max_completion_length": 128, **args},
     }
 
 
@@ -80,25 +80,6 @@ def nested(depth: int) -> dict:
     for _ in range(depth):
         value = {"k": value}
     return value
-
-
-@contextlib.contextmanager
-def process_state_kept():
-    """Building an AsyncGRPOConfig (TrainingArguments) may set a few ACCELERATE_*/FSDP_* variables
-    and initialises accelerate's process-wide PartialState from the first config it sees; leave both
-    as they were so random configs cannot leak into later tests."""
-    from accelerate.state import PartialState
-
-    environ = dict(os.environ)
-    initialised = bool(PartialState._shared_state)
-    try:
-        yield
-    finally:
-        if os.environ != environ:
-            os.environ.clear()
-            os.environ.update(environ)
-        if not initialised and PartialState._shared_state:
-            PartialState._reset_state()
 
 
 def nothing_stored() -> None:
@@ -314,6 +295,11 @@ API_CREATE_CASES = [
         "train_dataset",
         id="dataset-symlink-escape",
     ),
+    # A folder inside a root that holds a link out of it (the loader would follow it): the root itself.
+    pytest.param(
+        {"config": with_(train_dataset="{DATASETS}")}, "train_dataset", id="dataset-dir-holds-escape"
+    ),
+    pytest.param({"config": with_(model="{MODELS}")}, "model", id="model-dir-holds-escape"),
     pytest.param(
         {"config": with_(train_dataset="{DATASETS}/missing.jsonl")}, "train_dataset", id="dataset-missing"
     ),
@@ -498,7 +484,12 @@ def test_api_garbage_page_size_falls_back_to_the_default():
 
 
 # ------------------------------------------------------------------------ the web form
-FORM_BASE = {"model": "tiny", "train_dataset": "arithmetic-small", "reward_funcs": [GOOD_REWARD]}
+FORM_BASE = {
+    "model": "tiny",
+    "train_dataset": "arithmetic-small",
+    "reward_funcs": [GOOD_REWARD],
+    "max_completion_length": "128",
+}
 # (id, overrides of FORM_BASE, form field the error sits on, text its message must contain)
 FORM_CASES = [
     pytest.param({"num_generations": "1"}, "num_generations", "at least 2 completions", id="num-gen-1"),
@@ -761,6 +752,31 @@ WS_CASES = [
         ("refused", None),
         id="lookalike-origin",
     ),
+    # Issue 29 item 8: an allowed host on another port or scheme is another site.
+    pytest.param(
+        "/ws/runs/{run}/?token={token}",
+        [(b"host", b"127.0.0.1:8130"), (b"origin", b"http://127.0.0.1:9999")],
+        ("refused", None),
+        id="origin-other-port",
+    ),
+    pytest.param(
+        "/ws/runs/{run}/?token={token}",
+        [(b"host", b"127.0.0.1:8130"), (b"origin", b"https://127.0.0.1:8130")],
+        ("refused", None),
+        id="origin-other-scheme",
+    ),
+    pytest.param(
+        "/ws/runs/{run}/?token={token}",
+        [(b"host", b"localhost"), (b"origin", b"https://localhost")],
+        ("refused", None),
+        id="origin-https-for-a-plain-socket",
+    ),
+    pytest.param(
+        "/ws/runs/{run}/?token={token}",
+        [(b"host", b"127.0.0.1:8130"), (b"origin", b"http://127.0.0.1:8130")],
+        ("open", None),
+        id="origin-same-site",
+    ),
 ]
 
 
@@ -799,6 +815,22 @@ def test_websocket_refuses_bad_handshakes(path, headers, outcome):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_websocket_origins_listed_as_trusted_pass_behind_a_proxy(settings):
+    """A TLS proxy in front (the socket arrives as plain ws on another host:port): the deployment lists
+    its public origin in CSRF_TRUSTED_ORIGINS, or sets SECURE_PROXY_SSL_HEADER for the scheme."""
+    world = ws_world()
+    path = f"/ws/runs/{world['run']}/?token={world['token']}"
+    public = [(b"host", b"127.0.0.1:8130"), (b"origin", b"https://grpo.example.com")]
+    assert run_async(ws_outcome(path, public))[0] == "refused"
+    settings.CSRF_TRUSTED_ORIGINS = ["https://grpo.example.com"]
+    assert run_async(ws_outcome(path, public))[0] == "open"
+    proxied = [(b"host", b"localhost"), (b"origin", b"https://localhost"), (b"x-forwarded-proto", b"https")]
+    assert run_async(ws_outcome(path, proxied))[0] == "refused"
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    assert run_async(ws_outcome(path, proxied))[0] == "open"
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("run_id", ["abc", "-1", "1.5", "%00"])
 def test_websocket_non_integer_run_id_is_closed_4404(run_id):
     world = ws_world()
@@ -834,7 +866,8 @@ def test_websocket_malformed_client_frames_are_ignored(frame):
     [{"text_data": "x" * (64 * 1024 + 1)}, {"bytes_data": b"\x00" * (64 * 1024 + 1)}],
     ids=["text", "binary"],
 )
-def test_websocket_frame_over_the_limit_is_closed_with_1009(frame, settings):
+def test_websocket_frame_over_the_limit_is_closed_by_the_consumer_with_4413(frame, settings):
+    """The consumer's own check (daphne closes first with 1009: tests/test_ws_connect_burst.py)."""
     settings.GRPO_WS_MAX_FRAME_BYTES = 64 * 1024
     world = ws_world()
 

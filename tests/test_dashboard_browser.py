@@ -65,7 +65,8 @@ def test_login_start_watch_live_and_stop_in_chromium(web_server, tiny_model_dir)
             page.check("input[name=log_completions]")
             page.fill(
                 "textarea[name=advanced]",
-                '{"dtype": "float32", "gradient_checkpointing": false, "disable_tqdm": true}',
+                '{"dtype": "float32", "gradient_checkpointing": false, "disable_tqdm": true,'
+                ' "max_samples_per_row": 16}',
             )
             # On the session's server: the page is under test, not the per-run vLLM launch (which
             # tests/test_runs_live.py runs; its placement line is drawn in the test below).

@@ -3,7 +3,7 @@ test database; no worker, no vLLM: the run's rows are written with the real inge
 
 Issue 22 item 1 (+ item 8's resume marker and axis labels): a hover readout and zoom synced across
 charts, EMA smoothing over a faint raw series, a log scale per chart, step / wall-time / relative
-x axes, a dashed marker where a resumed attempt starts, pinned charts saved per user on the server,
+x axes, a dashed marker where a resumed attempt starts and where a curriculum's level changes, pinned charts saved per user on the server,
 collapsible groups, regex and glob filters, and charts that fit a 390 px wide phone.
 """
 
@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import Run
 from controlplane.runs.services import ingest
-from tests.conftest import CHROMIUM, DbThread, browser_login, daphne_on_test_db
+from tests.conftest import CHROMIUM, DbThread, browser_login, chromium_page, daphne_on_test_db
 from tests.test_dashboard_soak import running_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,6 +64,7 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             "perf/step_s": 5.0,
             "rollout/concurrency": float(step),
             "sample/advantage_min": -1.0 + step / 20,  # crosses zero: log becomes asinh
+            "curriculum/level": 0.0 if step < 12 else 1.0,  # a curriculum's next level from step 12
         }
         ingest.metric_points_ingest(run_id=run.pk, step=step, values={**values, "timestamp": T0 + 10 * step})
     # Attempt 2 resumed from the checkpoint of step 20 and re-did steps 21.. an hour later.
@@ -168,9 +169,11 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             page.click(f"{_card('loss')} .chart-log")
             page.wait_for_selector(f'{_card("loss")}[data-scale="linear"]')
 
-            # x axis: wall time (clock ticks), then time since the first step; the resume marker.
-            assert page.get_attribute("#charts", "data-markers") == "21:2"
-            assert _data(page, "reward", "markers") == "21:2"
+            # x axis: wall time (clock ticks), then time since the first step; the resume marker, and
+            # the curriculum's level change (a metric the catalogue declares with `marks`) on every chart.
+            assert page.get_attribute("#charts", "data-markers") == "12:level 1,21:attempt 2"
+            assert _data(page, "reward", "markers") == "12:level 1,21:attempt 2"
+            assert _data(page, "loss", "markers") == "12:level 1,21:attempt 2"
             page.select_option("#chart-x", "wall")
             page.wait_for_function(
                 "() => /\\d\\d:\\d\\d/.test(document.querySelector('.chart[data-metric=\"rollout/concurrency\"]').dataset.xTicks || '')"
@@ -203,7 +206,7 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             page.fill("#metric-filter", "/[/")
             page.wait_for_selector("#metric-filter-error:not([hidden])")
             assert "invalid regular expression" in page.inner_text("#metric-filter-error")
-            assert len(shown()) == 5
+            assert len(shown()) == 6  # an invalid filter hides nothing: every metric written above
             page.fill("#metric-filter", "")
             page.wait_for_selector("#metric-filter-error[hidden]", state="attached")
 
@@ -260,3 +263,48 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             assert other.locator('section[data-group="pinned"] .chart').count() == 0
         finally:
             browser.close()
+
+
+def test_step_axis_ticks_are_whole_steps_on_a_short_run(tmp_path):
+    """Issue 28 item 7c: steps are integers, so the step axis's ticks are too. uPlot's default
+    spacings for a number axis (…, 0.5, 1, 2, 2.5, 5, …) put a 3-step run's ticks at 1, 1.5, 2, …
+    and a 10-step run's at 2.5, 7.5; zoomed in between two steps, the ticks stay whole steps."""
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    alice = get_user_model().objects.create_user(username="alice", password=PASSWORD)
+    run = running_run(alice, name="short", reward_funcs=(), max_steps=10)
+    for step in (1, 2, 3):
+        values = {"reward": step / 4, "loss": 1 / step, "timestamp": T0 + 10 * step}
+        ingest.metric_points_ingest(run_id=run.pk, step=step, values=values)
+
+    def ticks(page) -> list[str]:
+        return [t for t in (_data(page, "reward", "x-ticks") or "").split("|") if t]
+
+    with (
+        daphne_on_test_db(tmp_path / "daphne.log", queue="unused") as base,
+        sync_playwright() as pw,
+        chromium_page(pw) as (page, errors),
+    ):
+        _login(page, base, "alice", run.pk)
+        page.wait_for_selector(f'{_card("reward")}[data-points="3"] canvas', timeout=30_000)
+        page.wait_for_function(
+            "() => (document.querySelector('.chart[data-metric=\"reward\"]').dataset.xTicks || '').includes('|')"
+        )
+        shown = ticks(page)
+        assert len(shown) >= 2 and all(re.fullmatch(r"\d+", t) for t in shown), shown
+        assert set(shown) <= {"1", "2", "3"}, shown
+        # Zoomed in to less than two steps: whole steps still (uPlot would offer 1.5, 2.5 ...).
+        page.evaluate("() => GrpoMetricPanel.setZoom([1.1, 2.9])")
+        page.wait_for_function(
+            "() => document.querySelector('.chart[data-metric=\"reward\"]').dataset.xMax === '2.9'"
+        )
+        shown = ticks(page)
+        assert shown == ["2"], shown
+        # The time axes keep their own spacings (fractions of a second are times, not steps).
+        page.evaluate("() => GrpoMetricPanel.setXMode('relative')")
+        page.wait_for_function(
+            "() => /s$/.test((document.querySelector('.chart[data-metric=\"reward\"]').dataset.xTicks || '').split('|').filter(Boolean)[0] || '')"
+        )
+        assert not errors, errors

@@ -204,3 +204,32 @@ def test_static_files_are_served_by_the_asgi_app():
 
     for path in ("vendor/uplot/uPlot.iife.min.js", "vendor/uplot/LICENSE", "runs/dashboard.js"):
         assert finders.find(path), path
+
+
+def test_run_page_lists_checkpoints_with_download_and_new_run_links():
+    """Issue 28 item 6: each checkpoint row offers "new run from this checkpoint" and, to the run's
+    owner, its download; the card carries the same links' prefixes for the rows dashboard.js adds
+    from the socket's ``checkpoint`` messages."""
+    alice = make_user("alice")
+    run = make_run(alice)
+    empty = browser_for(alice).get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="checkpoints-empty"' in empty and "None yet." in empty
+    ingest.checkpoint_record(run_id=run.pk, step=50, path="/runs/out/checkpoint-50")
+    ingest.checkpoint_record(run_id=run.pk, step=100, path="/runs/out/checkpoint-100")
+    html = browser_for(alice).get(f"/runs/{run.pk}/").content.decode()
+    card = html[html.index('id="checkpoints-panel"') : html.index("<h2>Config</h2>")]
+    assert "None yet." not in card
+    assert card.index('data-step="50"') < card.index('data-step="100"')
+    assert "<code>/runs/out/checkpoint-50</code>" in card
+    download = f"/runs/{run.pk}/checkpoints/50/download/"
+    assert f'href="{download}"' in card and "download (tar)" in card
+    assert f'href="/runs/new/?clone={run.pk}&amp;checkpoint=50"' in card
+    # What dashboard.js builds a live row's links from: prefix + step (+ "/download/").
+    assert f'data-download="/runs/{run.pk}/checkpoints/"' in card
+    assert f'data-new-run="/runs/new/?clone={run.pk}&amp;checkpoint="' in card
+    # Staff see the run and may start from its checkpoints, but its weights are the owner's.
+    boss = get_user_model().objects.create_user(username="boss", password=None, is_staff=True)
+    staff = browser_for(boss).get(f"/runs/{run.pk}/").content.decode()
+    staff_card = staff[staff.index('id="checkpoints-panel"') : staff.index("<h2>Config</h2>")]
+    assert "/download/" not in staff_card and "data-download" not in staff_card
+    assert f"clone={run.pk}&amp;checkpoint=100" in staff_card

@@ -247,3 +247,39 @@ def test_output_tailer_batches_a_fast_run_into_few_messages(tmp_path):
     # ~30 steps over `elapsed` seconds with a poll every INGEST_POLL_S (plus the final drain).
     assert 1 <= len(layer_messages) <= elapsed / INGEST_POLL_S + 2, (len(layer_messages), elapsed)
     assert any(m["type"] == "run.metrics.batch" and len(m["steps"]) > 1 for m in layer_messages)
+
+
+def test_a_saved_checkpoint_reaches_the_socket_once_committed(tmp_path):
+    """Issue 28 item 6: a checkpoint the tailer stores (``run_output_ingest``, the supervisor's one
+    transaction) is published after the commit and forwarded as a ``checkpoint`` message, after
+    its "checkpoint saved" event; nothing is published for a transaction that rolls back."""
+    from django.db import transaction
+
+    alice = make_user("alice")
+    run = make_run(alice)
+    token = services.token_issue(username="alice")
+    folder = str(tmp_path / "checkpoint-50")
+
+    async def scenario():
+        comm, first = await open_socket(f"/ws/runs/{run.pk}/?token={token}")
+        assert first["type"] == "status"
+
+        def rolled_back():
+            with transaction.atomic():
+                ingest.checkpoint_record(run_id=run.pk, step=40, path=str(tmp_path / "checkpoint-40"))
+                transaction.set_rollback(True)
+
+        await database_sync_to_async(rolled_back)()
+        assert await comm.receive_nothing(timeout=0.3)
+        await database_sync_to_async(ingest.run_output_ingest)(
+            run_id=run.pk, checkpoints=[(50, folder)], cursors={}
+        )
+        event = await comm.receive_json_from(timeout=10)
+        assert event["type"] == "event" and event["message"] == f"checkpoint saved at step 50: {folder}"
+        message = await comm.receive_json_from(timeout=10)
+        assert message == {**message, "type": "checkpoint", "step": 50, "path": folder}
+        assert message["created_at"]
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    run_async(scenario())

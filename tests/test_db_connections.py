@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CLIENTS = 10
 
 
-def test_concurrent_reads_hold_at_most_one_connection_per_client_and_never_fail(tmp_path, django_user_model):
+def test_concurrent_reads_keep_no_connection_and_never_fail(tmp_path, django_user_model):
     user = django_user_model.objects.create_user("reader")
     token = services.token_issue(username="reader")
     run, _ = services.run_create(
@@ -32,7 +32,7 @@ def test_concurrent_reads_hold_at_most_one_connection_per_client_and_never_fail(
             "model": "tiny",
             "train_dataset": "arithmetic-small",
             "reward_funcs": ["trainer.rewards.accuracy_reward"],
-            "args": {"max_steps": 200},
+            "args": {"max_steps": 200, "max_completion_length": 128},
         },
         launch=False,
     )
@@ -59,5 +59,10 @@ def test_concurrent_reads_hold_at_most_one_connection_per_client_and_never_fail(
             time.sleep(0.1)
     assert result["server_errors"] == 0, result
     assert result["status_counts"] == {"200": 400}, result
-    assert result["max_connections_held"] <= CLIENTS, result
+    # One connection per request in flight, plus those of requests just answered: Django closes a
+    # request's connection after its response is sent, and Postgres counts the backend until it has
+    # exited, so a client can be into its next request before its last connection is gone (14 for 10
+    # clients was seen on a loaded CI box). Kept connections grow without bound instead (71 before
+    # the fix, and they stay: the check after the load).
+    assert result["max_connections_held"] <= 2 * CLIENTS, result
     assert left <= 1, left  # idle daphne keeps none (at most the one finishing as we look)

@@ -197,6 +197,24 @@ def test_saturation_saturated_top():
     assert d.evidence["reward:change"] == pytest.approx(0.3)
 
 
+def test_saturation_recommends_retiring_prompts_with_the_tokens_dropped_groups_cost():
+    """Issue 34 item 2: most groups dropped, some still training, retirement off: the card says to set
+    retire_saturated_prompts and what the dropped groups cost (rate x step time x dropped share)."""
+    series = saturation(const(0.8), const(0.95, noise=0.02), const(0.9))
+    series.update({"rollout/generated_tokens_per_s": const(500.0), "perf/step_s": const(4.0)})
+    d = one(series, "saturation")
+    assert "retire_saturated_prompts" in d.advice and "about 1,600 generated tokens a step (80%" in d.advice
+    assert d.evidence["config/retire_saturated_prompts"] == 0.0
+    assert (
+        "retire_saturated_prompts"
+        not in one(series, "saturation", config={"retire_saturated_prompts": 2}).advice
+    )
+    healthy = saturation(const(0.1, noise=0.05), const(0.5, noise=0.3), const(0.5, noise=0.2))
+    assert "retire_saturated_prompts" not in one(healthy, "saturation").advice
+    stalled = saturation(const(1.0), const(1.0), const(1.0))  # nothing trains: retiring would not help
+    assert "retire_saturated_prompts" not in one(stalled, "saturation").advice
+
+
 @pytest.mark.parametrize(("dropped", "cause"), [(0.5, "constant reward"), (0.0, "too hard")])
 def test_saturation_every_group_dropped_names_the_stall_and_its_cause(dropped, cause):
     # Recorded as a stalled run logs it: only the waiting lines' rollout metrics, no reward of kept groups.

@@ -120,6 +120,41 @@ def test_hub_ids_outside_the_allowlists_are_refused_naming_the_setting(settings)
     assert "model_revision" in bad.json()["config"], bad.content
 
 
+@pytest.mark.parametrize(
+    "repo_id",
+    [
+        "Qwen/Qwen3-0.6B\n",
+        "Qwen/Qwen3-0.6B.",
+        "Qwen/Qwen3--x",
+        "Qwen/-x",
+        "Qwen/x-",
+        "Qwen/a..b",
+        "/abs/path",
+    ],
+)
+def test_a_hub_id_is_the_whole_string_by_the_hubs_own_rules(repo_id):
+    """Issue 29 item 6: ``$`` let a trailing newline through, and names the hub refuses passed."""
+    from trainer.hub import is_hub_id, valid_revision
+
+    assert not is_hub_id(repo_id)
+    assert is_hub_id("Qwen/Qwen3-0.6B") and is_hub_id("trl-lib/DeepMath-103K") and is_hub_id("a/b_")
+    assert valid_revision("main") and valid_revision("refs/pr/1") and valid_revision("a" * 40)
+    assert not any(valid_revision(r) for r in ("main\n", "main/", "a//b", "../x", ".x", ""))
+
+
+@pytest.mark.django_db
+def test_identifiers_with_a_trailing_newline_are_refused_by_field(settings):
+    settings.GRPO_ALLOWED_HUB_MODELS, settings.GRPO_ALLOWED_HUB_DATASETS = ["acme/*"], ["acme/*"]
+    api = api_for("newline")
+    for field, value in (
+        ("model", "acme/tiny-qwen3\n"),
+        ("train_dataset", "acme/sums\n"),
+        ("model_revision", "main\n"),
+    ):
+        response = api.post("/api/v1/runs/", {"config": _doc(**{field: value})}, format="json")
+        assert response.status_code == 400 and field in response.json()["config"], (field, response.content)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -134,6 +169,7 @@ def test_run_on_a_hub_model_and_dataset_trains_offline_and_records_the_commits(h
             "num_generations": 4,
             "max_completion_length": 12,
             "token_budget": 256,
+            "max_samples_per_row": 16,
             "gradient_checkpointing": False,
             "dtype": "float32",
             "disable_tqdm": True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,9 +17,9 @@ from django.utils import timezone
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEvent, RunEventKind
-from worker.log_records import cut_records, event_message, log_tail
+from worker.log_records import cut_records, event_message, failure_sentence, log_tail
 from worker.processes import ManagedProcess
-from worker.supervisor import RunSupervisor
+from worker.supervisor import TAIL_LINES, RunSupervisor
 
 HTTPX = '2026-12-02 16:34:52,237 INFO httpx: HTTP Request: POST http://127.0.0.1:8100/pause?mode=keep "HTTP/1.1 200 OK"'
 STEP = "2026-12-02 16:34:52,300 INFO trainer.trainer: step 3: loss 0.47"
@@ -91,6 +92,55 @@ def test_log_tail_for_failure_reasons_ends_on_the_whole_traceback_without_httpx_
     assert ERROR not in tail  # an older traceback is not what ended the process
 
 
+# ==== one sentence for failure_reason ==============================================================
+RECORDED = Path(__file__).resolve().parent / "data" / "vllm_max_tokens_refused.log"
+
+
+def test_a_recorded_vllm_max_tokens_refusal_becomes_one_sentence_naming_the_field_and_the_limit(tmp_path):
+    """Issue 28: the README's old REST example on the tiny model (max_completion_length left at 2048,
+    the server at --max-model-len 1024) failed after ~90 s with a 40-line traceback as its reason.
+    The trainer log recorded by tests/data/record_vllm_refusal.py (the real rollout process and
+    client, vLLM's own 400) read as the supervisor reads it becomes one line naming the field to
+    change and the server's limit."""
+    log = tmp_path / "trainer.attempt-1.log"
+    log.write_bytes(RECORDED.read_bytes())
+    tail = ManagedProcess("trainer", ["true"], log_path=log).log_tail(TAIL_LINES)  # as _watch reads it
+    assert "Traceback (most recent call last):" in tail  # what the events keep
+    reason = failure_sentence(process="trainer", status="1", log_text=tail)
+    assert "\n" not in reason and "Traceback" not in reason and len(reason) < 400, reason
+    assert reason.startswith("trainer exited with status 1: vLLM refused a request for max_tokens 2048")
+    assert "args.max_completion_length" in reason and "max_model_len of 1024 tokens" in reason, reason
+    assert "resources.vllm.max_model_len" in reason, reason
+
+
+def test_failure_sentences_name_the_cause_or_the_last_exception():
+    older = (
+        'HTTP 400: {"object":"error","message":"\'max_tokens\' or \'max_completion_tokens\' is too large: '
+        "2048. This model's maximum context length is 1024 tokens and your request has 20 input tokens "
+        '(2048 > 1024 - 20). None"}'
+    )
+    reason = failure_sentence(process="trainer", status="1", log_text=older)
+    assert "with a prompt of 20 tokens" in reason and "to at most 1004" in reason, reason
+    prompt = (
+        "This model's maximum context length is 256 tokens. However, your prompt contains 300 input tokens"
+    )
+    reason = failure_sentence(process="trainer", status="1", log_text=prompt)
+    assert "a prompt of 300 tokens" in reason and "resources.vllm.max_model_len" in reason, reason
+    kv = "ValueError: To serve at least one request with the model's max seq len (32768), (4.0 GiB KV cache"
+    reason = failure_sentence(process="vLLM server", status="1", log_text=kv)
+    assert reason.startswith("vLLM server exited") and "resources.vllm.gpu_memory_utilization" in reason
+    reason = failure_sentence(process="trainer", status="1", log_text=text(STEP, *TRACEBACK).decode())
+    assert reason.endswith(
+        "ValueError: could not convert string to float: 'x' (the traceback is in the run's events)"
+    )
+    killed = failure_sentence(process="trainer", status="137 (SIGKILL)", log_text=STEP)
+    assert killed.startswith("trainer exited with status 137 (SIGKILL) without reporting an error"), killed
+    hung = (
+        "RuntimeError: rollout process (pid 7) is hung: no heartbeat for 301 s (rollout_worker_timeout=300 s)"
+    )
+    assert "args.rollout_worker_timeout" in failure_sentence(process="trainer", status="1", log_text=hung)
+
+
 # ==== the supervisor's log event over a real child process =========================================
 TRAINER_LIKE = textwrap.dedent(
     """
@@ -120,6 +170,7 @@ def test_supervisor_log_events_are_whole_records_without_httpx_lines(tmp_path):
         "model": "tiny",
         "train_dataset": "arithmetic",
         "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "args": {"max_completion_length": 128},
     }
     run, _ = services.run_create(owner=owner, name="logs", config=doc, launch=False)
     Run.objects.filter(pk=run.pk).update(celery_task_id="logs", launched_at=timezone.now())

@@ -117,7 +117,8 @@ def _loop(version, *, lora_name: str, max_staleness: int):
 @pytest.fixture(scope="module")
 def lora_server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
-    flags = ["--max-model-len", "1024", "--dtype", "float32", "--enable-lora"]
+    # Eager, as the suite's per-run servers (conftest): no graph compilation at start.
+    flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--enable-lora"]
     flags += ["--max-lora-rank", str(MAX_LORA_RANK), "--max-loras", str(MAX_LORAS)]
     server = VLLMServer(tiny_model_dir, free_port(), log, flags)
     server.start()

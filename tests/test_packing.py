@@ -196,6 +196,20 @@ def test_batcher_counts_shared_tokens_once():
     assert batcher.flush() == []
 
 
+def test_max_samples_per_row_caps_a_row_of_converged_completions():
+    """Issue 34 item 3: identical completions share every token, so the token budget alone would put
+    all of them in one row; ``max_samples_per_row`` closes the micro-batch at the cap instead."""
+    same = [group_sample(0, [1, 2]) for _ in range(7)]
+    uncapped = TokenBudgetBatcher(token_budget=100, num_rows=1)
+    assert all(uncapped.add(s) == [] for s in same)
+    assert [len(r) for mb in uncapped.flush() for r in mb] == [7]
+    capped = TokenBudgetBatcher(token_budget=100, num_rows=1, max_samples_per_row=3)
+    closed = [mb for s in same for mb in capped.add(s)] + capped.flush()
+    assert [len(r) for mb in closed for r in mb] == [3, 3, 1]
+    with pytest.raises(ValueError, match="max_samples_per_row"):
+        TokenBudgetBatcher(token_budget=100, num_rows=1, max_samples_per_row=0)
+
+
 def test_batcher_places_groups_on_their_rows():
     batcher = TokenBudgetBatcher(token_budget=100, num_rows=2)
     for s in [

@@ -44,6 +44,7 @@ def run_doc(resources: dict, *, max_steps: int = 2, **args) -> dict:
             "max_completion_length": 12,
             "learning_rate": 1e-3,
             "token_budget": 256,
+            "max_samples_per_row": 16,  # small steps: placement is under test, not the batch
             "save_strategy": "no",
             "gradient_checkpointing": False,
             "dtype": "float32",

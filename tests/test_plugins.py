@@ -133,6 +133,7 @@ def test_run_with_the_plugins_reward_environment_and_dataset_completes(
             "max_completion_length": 12,
             "learning_rate": 1e-3,
             "token_budget": 256,
+            "max_samples_per_row": 16,
             "gradient_checkpointing": False,
             "dtype": "float32",
             "disable_tqdm": True,
@@ -158,7 +159,12 @@ def _loop_doc(loop_cls) -> dict:
         "train_dataset": "arithmetic-small",
         "reward_funcs": ["trainer.rewards.accuracy_reward"],
         "loop_cls": loop_cls,
-        "args": {"max_steps": 1, "dtype": "float32", "gradient_checkpointing": False},
+        "args": {
+            "max_steps": 1,
+            "max_completion_length": 16,
+            "dtype": "float32",
+            "gradient_checkpointing": False,
+        },
     }
 
 
@@ -205,7 +211,7 @@ def test_a_reward_whose_columns_the_dataset_lacks_is_refused_naming_both(acme_in
     message = errors["reward_funcs[0]"]
     assert "'trainer.rewards.accuracy_reward' reads column(s) solution" in message, message
     assert "'acme-sums'" in message and "prompt, answer" in message, message
-    ok = {**doc, "reward_funcs": [EXACT], "args": {"max_steps": 2}}
+    ok = {**doc, "reward_funcs": [EXACT], "args": {"max_steps": 2, "max_completion_length": 12}}
     assert api.post("/api/v1/runs/", {"config": ok}, format="json").status_code == 201
 
     from django.contrib.auth import get_user_model

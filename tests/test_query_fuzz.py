@@ -112,7 +112,7 @@ def logged_in(client, django_user_model):
             "model": "tiny",
             "train_dataset": "arithmetic-small",
             "reward_funcs": ["trainer.rewards.accuracy_reward"],
-            "args": {"max_steps": 3},
+            "args": {"max_steps": 3, "max_completion_length": 128},
         },
         launch=False,
     )

@@ -23,7 +23,7 @@ BASE = {
     "model": "tiny",
     "train_dataset": "arithmetic-small",
     "reward_funcs": ["trainer.rewards.accuracy_reward"],
-    "args": {"max_steps": 2},
+    "args": {"max_steps": 2, "max_completion_length": 128},
 }
 
 
@@ -161,13 +161,44 @@ def test_the_api_refuses_what_no_worker_can_meet_and_unknown_servers_and_pools(s
     assert status == 400 and "registered: fleet" in body["config"]["resources.server"]
     status, body = post({"pool": "tpu"})
     assert status == 400 and "pools: gpu, h200" in body["config"]["resources.pool"]
-    bad_url = {**BASE, "args": {"max_steps": 2, "vllm_server_base_url": "http://vllm:8000"}}
+    bad_url = {**BASE, "args": {**BASE["args"], "vllm_server_base_url": "http://vllm:8000"}}
     response = client.post("/api/v1/runs/", {"config": bad_url}, format="json")
     assert "resources.server" in response.json()["config"]["args.vllm_server_base_url"]
     # What fits passes (checked without creating a run: no worker consumes these pools here).
     fits = doc_with({"pool": "h200", "vllm": {"gpus": 1}, "trainer": {"gpus": 3}})
     assert run_document_validate(document=fits) == fits
     assert run_document_validate(document=doc_with({"server": "fleet", "trainer": {"gpus": 2}}))
+
+
+@pytest.mark.django_db
+def test_what_no_host_can_meet_is_refused_before_any_worker_registers(settings):
+    """Issue 29 item 7: with no worker registered, 10**18 trainer GPUs, a 2**62-token context and a
+    million processes were accepted (the worker refused them at claim time, or never ran them)."""
+    settings.GRPO_RUN_POOLS = ["fresh"]
+    settings.GRPO_RUNS_QUEUE = "fresh"
+
+    def refused(resources: dict) -> dict[str, str]:
+        try:
+            run_document_validate(document=doc_with(resources))
+        except RunConfigError as exc:
+            return exc.errors
+        return {}
+
+    errors = refused({"trainer": {"gpus": 10**18}})
+    assert "GRPO_MAX_RUN_GPUS" in errors["resources.trainer.gpus"], errors
+    errors = refused({"vllm": {"gpus": 2**31, "tensor_parallel_size": 2**31}})
+    assert "GRPO_MAX_RUN_GPUS" in errors["resources.vllm.gpus"], errors
+    errors = refused({"vllm": {"max_model_len": 2**62}})
+    assert "GRPO_MAX_MODEL_LEN" in errors["resources.vllm.max_model_len"], errors
+    errors = refused({"trainer": {"processes": 10**6}})
+    assert "GRPO_MAX_TRAINER_PROCESSES" in errors["resources.trainer.processes"], errors
+    assert not refused({"vllm": {"gpus": 2, "tensor_parallel_size": 2}, "trainer": {"gpus": 4}})
+    assert not refused({"trainer": {"processes": 8}, "vllm": {"max_model_len": 32768}})
+    # Once a host registers, its CPUs bound the processes, on a GPU host too.
+    worker_host_register(name="fresh@a", host="a", queues=["fresh"], gpus=["0", "1"], cpus=8)
+    errors = refused({"trainer": {"processes": 12}})
+    assert "has 8 CPUs" in errors["resources.trainer.processes"], errors
+    assert not refused({"trainer": {"processes": 8}})
 
 
 @pytest.mark.django_db

@@ -104,6 +104,26 @@ def collect(handle, n: int) -> list:
     return results
 
 
+def metrics_until(handle, groups: int) -> list[dict]:
+    """Metric payloads drained until the metrics of ``groups`` scored groups have all been flushed.
+
+    A count, never a wait: the loop records one ``frac_reward_zero_std`` observation per scored group
+    before it emits the group, and flushes its window every ``METRICS_FLUSH_INTERVAL_S``; on a loaded
+    machine that flush can come late, so a fixed sleep before draining was a race (CI of 2026-12-05).
+    """
+    payloads: list[dict] = []
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        payloads += handle.drain_metrics()
+        flushed = sum(len(p["metrics"]["values"].get("frac_reward_zero_std", [])) for p in payloads)
+        if flushed >= groups:
+            return payloads
+        assert time.monotonic() < deadline, (
+            f"hang guard: {flushed} of {groups} groups' metrics in {HANG_GUARD_S} s"
+        )
+        time.sleep(0.1)
+
+
 def trained_ids(sample) -> list[int]:
     return [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
 
@@ -129,6 +149,7 @@ class ThreadWorker:
         )
         self.loop = loop_cls(**kwargs, channels=self.channels)
         self.error: BaseException | None = None
+        self._carried: list[dict] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -144,11 +165,14 @@ class ThreadWorker:
             if self.error is not None:
                 raise self.error
             with contextlib.suppress(queue.Empty):
-                return self.results.get(timeout=0.1)
+                result = self.results.get(timeout=0.1)
+                if result.metrics:  # as RolloutWorkerHandle.get: drained with the flushed windows
+                    self._carried.append({"metrics": result.metrics})
+                return result
         return None
 
     def drain_metrics(self) -> list[dict]:
-        out = []
+        out, self._carried = self._carried, []
         while True:
             try:
                 out.append(self.metrics.get_nowait())
@@ -204,8 +228,7 @@ def default_run(rollout_server, tokenizer, tmp_path_factory):
     )
     try:
         results = collect(handle, 12)
-        time.sleep(1.2)  # at least one more metrics flush
-        payloads = handle.drain_metrics()
+        payloads = metrics_until(handle, groups=12)
         yield {
             "handle": handle,
             "results": results,
@@ -338,8 +361,7 @@ def test_zero_std_groups_are_dropped_and_counted(rollout_server, tokenizer, tmp_
     )
     try:
         results = collect(worker, 6)
-        time.sleep(0.7)
-        metrics = reduce_metrics(worker.drain_metrics())
+        metrics = reduce_metrics(metrics_until(worker, groups=6))
     finally:
         worker.stop()
     assert {r.kind for r in results} == {"dropped"}
@@ -347,6 +369,27 @@ def test_zero_std_groups_are_dropped_and_counted(rollout_server, tokenizer, tmp_
     assert metrics["frac_reward_zero_std"] == 1.0
     assert metrics["reward_dropped"] == 1.0 and metrics["reward"] == 1.0
     assert "reward_kept" not in metrics
+
+
+def test_a_kept_group_carries_its_scores_to_the_trainer(rollout_server, tokenizer, tmp_path, monkeypatch):
+    """Without a timed flush, each kept group still brings the window holding its own score, so the
+    step that trains on it logs it (the 0.5 s flush came after that step's log on a loaded box:
+    test_trainer_e2e's red of 2026-12-07)."""
+    monkeypatch.setattr("trainer.rollout.loop.METRICS_FLUSH_INTERVAL_S", 3600.0)
+    worker = ThreadWorker(
+        AsyncRolloutLoop,
+        **loop_kwargs(make_config(tmp_path), tokenizer, arithmetic_rows(4, seed=3), [rank_reward]),
+    )
+    try:
+        results = collect(worker, 3)
+        metrics = reduce_metrics(worker.drain_metrics())
+    finally:
+        worker.stop()
+    assert [r.kind for r in results] == ["kept"] * 3
+    # One frac_reward_zero_std observation per scored group, all in windows the groups carried.
+    assert metrics["frac_reward_zero_std"] == 0.0 and "reward_kept" in metrics
+    carried = [len(r.metrics["values"]["frac_reward_zero_std"]) for r in results]
+    assert sum(carried) == 3, carried
 
 
 def test_top_k_without_server_masks_warns_and_keeps_full_vocabulary_logprobs(
@@ -489,6 +532,97 @@ def test_curriculum_rollout_loop_example_runs(rollout_server, tokenizer, tmp_pat
     assert CurriculumTrainer.loop_cls is CurriculumRolloutLoop
 
 
+def test_saturated_prompts_are_retired_and_skipped_from_then_on(rollout_server, tokenizer, tmp_path):
+    """``retire_saturated_prompts=2`` (issue 34): easy rows' groups all pass (all-equal rewards,
+    dropped); after two such groups in a row each easy row is retired and is skipped (``filtered``,
+    no generation) from then on; hard rows (varying rewards) are never retired. Counted in epochs."""
+    config = make_config(
+        tmp_path, max_completion_length=8, num_sampler_logprobs=2, retire_saturated_prompts=2
+    )
+    dataset = [{**row, "easy": i % 2 == 0} for i, row in enumerate(arithmetic_rows(4, seed=4))]
+    handle = start_rollout_process(
+        AsyncRolloutLoop,
+        initial_token_allowance=1e12,
+        **loop_kwargs(config, tokenizer, dataset, [easy_or_alternating_reward]),
+    )
+    results = []
+    try:
+        # Until each easy row was skipped twice (a count; HANG_GUARD_S only stops a loop that sends
+        # nothing). Groups run ahead of their scoring, so an easy row may be generated again after
+        # its second group before that group is scored: a run of drops, then only skips.
+        while min(sum(r.kind == "filtered" for r in results if r.row_index == row) for row in (0, 2)) < 2:
+            results += collect(handle, 1)
+    finally:
+        handle.stop()
+    for easy in (0, 2):
+        ordered = sorted((r for r in results if r.row_index == easy), key=lambda r: r.position)
+        kinds = [r.kind for r in ordered]
+        first_skip = kinds.index("filtered")
+        assert first_skip >= 2 and set(kinds[:first_skip]) == {"dropped"}, kinds
+        assert set(kinds[first_skip:]) == {"filtered"}, kinds
+        assert sum(r.retired for r in ordered) == 1, [(r.kind, r.retired) for r in ordered]
+    hard = [r for r in results if r.row_index in (1, 3)]
+    assert hard and all(r.kind == "kept" and not r.retired for r in hard), [(r.kind, r.retired) for r in hard]
+
+
+class MasteredAfterFirstVisit:
+    """A task the policy masters as it trains, without training: each prompt's first group has varied
+    rewards (kept); from its second on, an "easy" prompt's rollouts all pass (saturated, dropped) while
+    a "hard" one's keep alternating. Keyed by the row's ``prompt_id`` column."""
+
+    __name__ = "mastered_after_first_visit"
+
+    def __init__(self) -> None:
+        self.visits: dict[int, int] = {}
+
+    def __call__(self, completions, prompt_id, hard, **kwargs):
+        pid = prompt_id[0]
+        self.visits[pid] = self.visits.get(pid, 0) + 1
+        if hard[0] or self.visits[pid] == 1:
+            return [float(i % 2) for i in range(len(completions))]
+        return [1.0] * len(completions)
+
+
+def generated_per_kept(results, kept_from: int, kept_to: int) -> float:
+    """Groups generated (kept or dropped; not skipped) per kept group, over the kept groups numbered
+    ``kept_from`` to ``kept_to`` (0-based, in prompt order): the generation a step of them costs."""
+    ordered = sorted(results, key=lambda r: r.position)
+    kept_at = [i for i, r in enumerate(ordered) if r.kind == "kept"]
+    start = kept_at[kept_from - 1] + 1 if kept_from else 0
+    span = ordered[start : kept_at[kept_to] + 1]
+    return sum(r.kind != "filtered" for r in span) / (kept_to - kept_from + 1)
+
+
+@pytest.mark.parametrize("retire", [None, 2], ids=["off", "retire_after_2"])
+def test_retiring_holds_the_generation_per_trained_group_as_the_task_saturates(
+    rollout_server, tokenizer, tmp_path, retire
+):
+    """Issue 34's done-when, by counts: 8 prompts (2 hard) over 64 rows (each prompt in 8 rows). Once
+    the easy ones are mastered, a kept group costs 4 generated groups without retirement (the 6 easy
+    rows of every 8 are generated and dropped) and stays near 1 with it (their prompts are skipped)."""
+    base = arithmetic_rows(8, seed=9)
+    dataset = [{**base[i % 8], "prompt_id": i % 8, "hard": i % 8 < 2} for i in range(64)]
+    config = make_config(
+        tmp_path, max_completion_length=4, max_concurrent_rollouts=4, retire_saturated_prompts=retire
+    )
+    worker = ThreadWorker(
+        AsyncRolloutLoop, **loop_kwargs(config, tokenizer, dataset, [MasteredAfterFirstVisit()])
+    )
+    results: list = []
+    try:
+        while sum(r.kind == "kept" for r in results) < 24:
+            results += collect(worker, 1)
+    finally:
+        worker.stop()
+    first, last = generated_per_kept(results, 0, 7), generated_per_kept(results, 16, 23)
+    assert first <= 1.25, first  # the first pass: every prompt's first group is kept
+    if retire:
+        assert last <= 2.5 * first, (first, last)
+        assert all(r.row_index % 8 >= 2 for r in results if r.kind == "filtered")  # only easy ones
+    else:
+        assert last > 2.5 * first, (first, last)  # the task saturates: the check above can fail
+
+
 class RejectEverything(AsyncRolloutLoop):
     def filter_prompt(self, row_index, row, epoch):
         return False
@@ -567,8 +701,7 @@ def test_tool_loop_multi_turn_live(rollout_server, tokenizer, tmp_path):
     )
     try:
         collect(worker, 8)
-        time.sleep(0.7)
-        metrics = reduce_metrics(worker.drain_metrics())
+        metrics = reduce_metrics(metrics_until(worker, groups=8))
     finally:
         worker.stop()
     rollouts = worker.loop.rollouts
@@ -659,8 +792,7 @@ def test_environment_factory_tools_and_reward(rollout_server, tokenizer, tmp_pat
     )
     try:
         results = collect(worker, 6)
-        time.sleep(0.7)
-        metrics = reduce_metrics(worker.drain_metrics())
+        metrics = reduce_metrics(metrics_until(worker, groups=6))
     finally:
         worker.stop()
     assert all(r.kind == "kept" for r in results)  # rank_reward differs within every group

@@ -9,6 +9,7 @@ the form is stored queued without enqueuing a supervisor task (as in tests/test_
 from __future__ import annotations
 
 import json
+import shutil
 from html.parser import HTMLParser
 
 import pytest
@@ -18,6 +19,7 @@ from django.test import Client
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
+from trainer.run_config import RunConfigError
 
 pytestmark = pytest.mark.django_db
 
@@ -147,6 +149,7 @@ def test_clone_prefills_every_field_from_a_run_the_user_may_see():
         "tools": ["trainer.builtin_tools.add"],
         "args": {
             "max_steps": 7,
+            "max_completion_length": 128,
             "learning_rate": 3e-4,
             "num_generations": 4,
             "temperature": 0.7,
@@ -209,3 +212,145 @@ def test_every_error_shows_at_once_beside_its_field_and_keeps_what_was_typed():
     assert "{&quot;nope&quot;: 1}" in field_block(html, "advanced")
     assert submitted_values(html)["num_generations"] == ["1"]
     assert not Run.objects.exists()
+
+
+def test_new_run_from_a_checkpoint_has_the_checkpoint_as_its_model(tmp_path, settings, tiny_model_dir):
+    """Issue 28 item 6: "new run from this checkpoint" is the run's clone with the checkpoint's
+    folder as the model (resume_from_checkpoint is not taken from the web; the run's own Resume
+    continues it). The owner's own checkpoints are accepted as a model wherever they are, with
+    GRPO_ALLOWED_MODEL_ROOTS empty (the default); another user cannot name them, and for a staff
+    user's view of someone else's run the form says so before it is sent."""
+    from controlplane.runs.services import ingest
+
+    alice, bob = make_user("alice"), make_user("bob")
+    config = {
+        "model": "tiny",
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "args": {"max_steps": 7, "max_completion_length": 128, "learning_rate": 3e-4, "epsilon": 0.3},
+    }
+    source, _ = services.run_create(owner=alice, name="sweep a", config=config, launch=False)
+    runs = tmp_path / "runs"
+    folder = runs / f"run-{source.pk}-0123abcd" / "checkpoint-50"
+    shutil.copytree(tiny_model_dir, folder)  # a checkpoint folder is a model directory
+    ingest.checkpoint_record(run_id=source.pk, step=50, path=str(folder))
+    web = browser_for(alice)
+    url = f"/runs/new/?clone={source.pk}&checkpoint=50"
+
+    settings.GRPO_ALLOWED_MODEL_ROOTS = []
+    page = web.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    values = submitted_values(html)
+    assert values["model"] == [str(folder)] and values["name"] == ["sweep a (from step 50)"]
+    assert values["train_dataset"] == ["arithmetic-small"]
+    assert values["reward_funcs"] == ["trainer.rewards.accuracy_reward"]
+    assert int(values["max_steps"][0]) == 7 and float(values["learning_rate"][0]) == 3e-4
+    assert json.loads(values["advanced"][0]) == {"epsilon": 0.3}
+    assert 'id="from-checkpoint"' in html and "step 50" in html[html.index('id="from-checkpoint"') :]
+    assert "checkpoint-note" not in html
+    created = web.post("/runs/new/", values)
+    assert created.status_code == 302, created.context["form"].errors
+    run = Run.objects.exclude(pk=source.pk).get()
+    assert run.name == "sweep a (from step 50)"
+    assert run.config == {**config, "model": str(folder)}
+
+    # Not bob's: neither the page nor the path itself.
+    assert browser_for(bob).get(url).status_code == 404
+    with pytest.raises(RunConfigError) as refused:
+        services.run_create(owner=bob, config={**config, "model": str(folder)}, launch=False)
+    assert "GRPO_ALLOWED_MODEL_ROOTS" in refused.value.errors["model"], refused.value.errors
+    staff = get_user_model().objects.create_user("carol", password="pw", is_staff=True)
+    html = browser_for(staff).get(url).content.decode()
+    assert "another user&#x27;s" in html[html.index("checkpoint-note") :]
+
+    # A checkpoint since deleted is named as such, not as a path outside the roots.
+    shutil.rmtree(folder)
+    with pytest.raises(RunConfigError) as gone:
+        services.run_config_validate(config={**config, "model": str(folder)}, owner=alice)
+    assert (
+        "checkpoint 50 of run" in gone.value.errors["model"]
+        and "no longer on disk" in gone.value.errors["model"]
+    )
+
+    for bad in ("51", "abc", "-1", "9" * 40, ""):
+        assert web.get(f"/runs/new/?clone={source.pk}&checkpoint={bad}").status_code == 404, bad
+    assert web.get("/runs/new/?checkpoint=50").status_code == 404  # whose?
+
+
+def test_a_lora_runs_checkpoint_is_refused_as_a_model_naming_the_adapter(tmp_path):
+    from controlplane.runs.models import Checkpoint
+
+    alice = make_user("alice")
+    config = {
+        "model": "tiny",
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": ["trainer.rewards.accuracy_reward"],
+        "peft_config": {"r": 8},
+        "args": {"max_completion_length": 64},
+    }
+    run = Run.objects.create(owner=alice, name="lora", config=config, config_sha256="0" * 64)
+    folder = tmp_path / "checkpoint-5"
+    folder.mkdir()
+    Checkpoint.objects.create(run=run, step=5, path=str(folder))
+    with pytest.raises(RunConfigError) as refused:
+        services.run_config_validate(
+            config={**config, "model": str(folder), "peft_config": None}, owner=alice
+        )
+    assert "holds a LoRA adapter" in refused.value.errors["model"], refused.value.errors
+
+
+def test_a_checkpoint_as_model_drops_the_hub_revision_and_warns_of_lora_adapters(tmp_path, settings):
+    from controlplane.runs import presets
+    from controlplane.runs.models import Checkpoint
+
+    settings.GRPO_ALLOWED_MODEL_ROOTS = [str(tmp_path)]
+    config = {
+        "model": "org/model",
+        "model_revision": "main",
+        "train_dataset": "arithmetic-small",
+        "reward_funcs": [],
+        "peft_config": {"r": 8},
+        "args": {},
+    }
+    run = Run.objects.create(owner=make_user("alice"), name="lora", config=config, config_sha256="0" * 64)
+    checkpoint = Checkpoint.objects.create(run=run, step=5, path=str(tmp_path / "checkpoint-5"))
+    prefill = presets.run_checkpoint_prefill(run=run, checkpoint=checkpoint)
+    assert prefill.initial["model"] == str(tmp_path / "checkpoint-5")
+    assert "model_revision" not in prefill.initial
+    assert prefill.checkpoint_step == 5 and prefill.cloned_from == run.pk
+    assert prefill.dropped == ["peft_config"]
+    assert len(prefill.notes) == 1 and "LoRA adapter" in prefill.notes[0]
+
+
+def test_reward_and_dataset_docs_show_without_rest_markup():
+    """Issue 28 item 7b: the form's labels carry each entry's first docstring line as a reader of
+    the rendered docs sees it: no ``literal`` quotes, roles, emphasis stars or link targets."""
+    from controlplane.runs.forms import RunForm, rest_plain
+
+    cases = {
+        "equals ``solution`` under math-verify": "equals solution under math-verify",
+        "one ``\\boxed{...}`` answer": "one \\boxed{...} answer",
+        "calls :func:`~trainer.rewards.accuracy_reward` and :py:class:`pkg.Thing`": (
+            "calls accuracy_reward and pkg.Thing"
+        ),
+        ":math:`a^2`, `x`:sub:, :func:`!name`": "a^2, x, name",
+        "see `the docs <https://example.org>`_, `<https://a.b>`__ or `Section`_": (
+            "see the docs, https://a.b or Section"
+        ),
+        "with a `solution` column": "with a solution column",
+        "*emphasis* and **strong** text": "emphasis and strong text",
+        "2*3*4, a * b * c, snake_case_ and x_ stay": "2*3*4, a * b * c, snake_case_ and x_ stay",
+        "\\*not emphasis\\* and a \\`tick": "*not emphasis* and a `tick",
+        "plain text": "plain text",
+        "": "",
+    }
+    for text, plain in cases.items():
+        assert rest_plain(text) == plain, text
+    form = RunForm()
+    labels = dict(form.fields["reward_funcs"].choices)
+    accuracy = labels["trainer.rewards.accuracy_reward"]
+    assert "final answer equals solution under math-verify" in accuracy and "``" not in accuracy
+    assert "exactly one \\boxed{...} answer" in labels["trainer.rewards.boxed_format_reward"]
+    datasets = dict(form.source_choices["dataset"])
+    assert "with a solution column" in datasets["arithmetic"] and "`" not in datasets["arithmetic"]

@@ -99,10 +99,7 @@ def test_valid_args_pass_and_build_the_same_config():
 def test_the_cli_reports_runtime_refusals_of_transformers_per_field():
     """What needs transformers (its own cross-field rules) is refused when the trainer builds the
     config, still naming the field."""
-    doc = {
-        **GOOD,
-        "args": {"load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "epoch"},
-    }
+    doc = {**GOOD, "args": {"dataloader_prefetch_factor": 2}}  # needs dataloader_num_workers > 0
     assert run_document_errors(doc) == {}
     with pytest.raises(RunConfigError) as info:
         validate_run_document(doc, output_dir="/tmp/unused-schema")
@@ -110,8 +107,9 @@ def test_the_cli_reports_runtime_refusals_of_transformers_per_field():
 
 
 def test_the_web_validates_a_document_without_transformers():
-    """The control plane's modules and its validation (services.run_create's) import no transformers,
-    so no os.environ has to be restored after a check."""
+    """The control plane's modules and its validation (services.run_create's) import no transformers
+    for a document the schema refuses (the preflight, which reads the model's tokenizer, runs only on
+    documents that pass: controlplane/runs/launch_checks.py)."""
     code = (
         "import json, sys, django\n"
         "django.setup()\n"

@@ -31,7 +31,8 @@ def good_config(**args) -> dict:
         "model": "tiny",
         "train_dataset": "arithmetic-small",
         "reward_funcs": ["trainer.rewards.accuracy_reward"],
-        "args": {"max_steps": 4, "num_generations": 4, **args},
+        # The tiny model's server holds 1024 tokens: the default max_completion_length (2048) is refused.
+        "args": {"max_steps": 4, "num_generations": 4, "max_completion_length": 128, **args},
     }
 
 
@@ -78,7 +79,9 @@ def test_metric_catalogue_endpoint_lists_every_declaration(alice):
         "when": "",
         "namespace": "rollout",
         "templated": False,
+        "marks": False,
     }
+    assert by_name["curriculum/level"]["marks"] is True  # the run page marks its changes on the charts
     assert by_name["rollout/vllm_retry_count"]["help"] == CATALOGUE["rollout/vllm_retry_count"].help
     assert (
         by_name["rewards/{name}/mean"]["templated"]
@@ -105,7 +108,10 @@ def test_create_returns_201_and_the_run(alice):
 
 
 def test_create_accepts_yaml_text(alice):
-    text = "model: tiny\ntrain_dataset: arithmetic-small\nreward_funcs: [trainer.rewards.accuracy_reward]\n"
+    text = (
+        "model: tiny\ntrain_dataset: arithmetic-small\nreward_funcs: [trainer.rewards.accuracy_reward]\n"
+        "args: {max_completion_length: 128}\n"
+    )
     response = api_for(alice).post("/api/v1/runs/", {"name": "from yaml", "config": text}, format="json")
     assert response.status_code == 201, response.content
     assert Run.objects.get(pk=response.json()["id"]).config["model"] == "tiny"
@@ -352,6 +358,7 @@ def test_form_requires_login_and_csrf_and_shows_field_errors(alice):
         "train_dataset": "arithmetic-small",
         "reward_funcs": ["trainer.rewards.accuracy_reward"],
         "num_generations": "8",
+        "max_completion_length": "128",
         "learning_rate": "1e-6",
     }
     assert web.post("/runs/new/", base).status_code == 403  # no CSRF token
@@ -378,7 +385,7 @@ def test_form_requires_login_and_csrf_and_shows_field_errors(alice):
         "model": "tiny",
         "train_dataset": "arithmetic-small",
         "reward_funcs": ["trainer.rewards.accuracy_reward"],
-        "args": {"max_steps": 4, "epsilon": 0.3},
+        "args": {"max_steps": 4, "max_completion_length": 128, "epsilon": 0.3},
     }
     assert web.get(f"/runs/{run.pk}/").status_code == 200
     assert str(run.pk) in web.get("/runs/").content.decode()

@@ -24,7 +24,12 @@ from trainer.host import RANKS_FILE
 from worker.processes import ManagedProcess
 from worker.supervisor import RunSupervisor
 
-DOC = {"model": "tiny", "train_dataset": "arithmetic", "reward_funcs": ["trainer.rewards.accuracy_reward"]}
+DOC = {
+    "model": "tiny",
+    "train_dataset": "arithmetic",
+    "reward_funcs": ["trainer.rewards.accuracy_reward"],
+    "args": {"max_completion_length": 128},
+}
 
 
 def kill_this_threads_connection() -> None:

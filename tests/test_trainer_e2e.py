@@ -38,6 +38,7 @@ def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
         vllm_server_base_url=server.base_url,
         num_generations=8,
         max_completion_length=24,
+        max_samples_per_row=16,  # two groups a step, whatever their sharing: these test the loop, not the batch
         learning_rate=2e-4,
         max_steps=3,
         save_strategy="no",
@@ -199,6 +200,7 @@ def test_cli_trains_from_run_yaml(vllm_server, tiny_model_dir, tmp_path):
             "max_steps": 2,
             "num_generations": 4,
             "max_completion_length": 16,
+            "max_samples_per_row": 16,
             "save_strategy": "no",
             "gradient_checkpointing": False,
         },
@@ -215,7 +217,10 @@ def test_cli_trains_from_run_yaml(vllm_server, tiny_model_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = _metrics(tmp_path / "out")
-    assert [r["step"] for r in rows if "reward" in r] == [1, 2]
+    # One log per step, the one with the loss: a step that waited idle_log_s (30 s) for samples on a
+    # loaded box has an earlier line of rollout metrics, and the last step a train summary after it.
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2], rows
+    assert any("reward" in r for r in rows)  # reward is rollout-side: logged where its groups came
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 

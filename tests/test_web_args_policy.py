@@ -56,3 +56,29 @@ def test_compile_backends_are_torchs_own():
     with pytest.raises(RunConfigError) as refused:
         run_document_validate(document=_doc(torch_compile=True, torch_compile_backend="acme_backend"))
     assert "args.torch_compile_backend" in refused.value.errors
+
+
+SSTI = "{{ cycler.__init__.__globals__.os.popen('id').read() }}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"chat_template": SSTI}, "chat_template"),  # issue 29 item 4: a template from the web
+        ({"tools": [{"name": "x"}]}, "tools"),
+        ({"enable_thinking": SSTI}, "enable_thinking"),
+        ({"enable_thinking": {"nested": True}}, "enable_thinking"),
+        ({"bad key": True}, "bad key"),
+        ({"note": "x" * 257}, "note"),
+    ],
+)
+def test_chat_template_kwargs_carry_only_flags_the_template_reads(kwargs, field):
+    for form in (kwargs, __import__("json").dumps(kwargs)):  # the JSON-string form too
+        with pytest.raises(RunConfigError) as refused:
+            run_document_validate(document=_doc(chat_template_kwargs=form))
+        assert f"args.chat_template_kwargs.{field}" in refused.value.errors, refused.value.errors
+
+
+def test_plain_chat_template_flags_are_accepted():
+    flags = {"enable_thinking": False, "reasoning_effort": "low", "budget": 2, "x": None}
+    run_document_validate(document=_doc(chat_template_kwargs=flags))

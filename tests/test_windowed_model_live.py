@@ -22,7 +22,10 @@ pytestmark = pytest.mark.vllm
 def gemma3_server(tiny_model_dir, tmp_path_factory):
     model_dir = build_random_model("gemma3", tiny_model_dir, tmp_path_factory.mktemp("gemma3") / "model")
     log = tmp_path_factory.mktemp("vllm-gemma3") / "server.log"
-    server = VLLMServer(model_dir, free_port(), log, ["--max-model-len", "1024", "--dtype", "float32"])
+    # Eager, as the suite's per-run servers (conftest): a few steps sample for seconds, and graph
+    # compilation at start cost more than that on the loaded box.
+    flags = ["--max-model-len", "1024", "--dtype", "float32", "--enforce-eager"]
+    server = VLLMServer(model_dir, free_port(), log, flags)
     server.start()
     yield server
     server.stop()

@@ -12,8 +12,10 @@ import argparse
 import faulthandler
 import logging
 import sys
+from pathlib import Path
 
 from trainer.host import leave_process_group
+from trainer.interrupt import EXIT_INTERRUPTED, marker_write
 from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
 
 
@@ -99,19 +101,33 @@ def train_main(argv: list[str]) -> int:
         for field, message in exc.errors.items():
             print(f"error: {opts.config}: {field}: {message}", file=sys.stderr)
         return 2
-    _train(spec, callbacks=opts.callback, resume=True if opts.resume == "latest" else opts.resume)
+    interrupted = _train(
+        spec, callbacks=opts.callback, resume=True if opts.resume == "latest" else opts.resume
+    )
     # Once the trainer is out of scope (its wrapped model refers to the group). Not after a failure:
     # an NCCL group with work in flight can block its own destruction, and the traceback says enough.
     leave_process_group()
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
-def _train(spec: RunSpec, *, callbacks: list[str], resume: str | bool | None) -> None:
-    """Build the trainer, train, save the final model (the trainer is dropped on return)."""
+def _train(spec: RunSpec, *, callbacks: list[str], resume: str | bool | None) -> bool:
+    """Build the trainer, train, save the final model (the trainer is dropped on return).
+
+    Returns True when training stopped on an interrupt request (trainer/interrupt.py): then the
+    checkpoint of the last step stands for the model, and ``interrupted.json`` says which it is.
+    """
     from trainer.registry import resolve_callable
 
     trainer = build_trainer(spec)
     for path in callbacks:
         trainer.add_callback(resolve_callable(path))
     trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
+    step = trainer.interrupted_at
+    if step is None:
+        trainer.save_model()
+        return False
+    if trainer.is_world_process_zero():
+        folder = Path(spec.args.output_dir) / f"checkpoint-{step}"
+        marker_write(spec.args.output_dir, step=step, checkpoint=str(folder) if folder.is_dir() else None)
+        _log(f"interrupted on request at step {step}; checkpoint: {folder}")
+    return True

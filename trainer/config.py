@@ -71,6 +71,7 @@ class AsyncGRPOConfig(TrainingArguments):
     vllm_importance_sampling_clip_max: float = _spec_field("vllm_importance_sampling_clip_max")
     num_sampler_logprobs: int = _spec_field("num_sampler_logprobs")
     token_budget: int | None = _spec_field("token_budget")
+    max_samples_per_row: int | None = _spec_field("max_samples_per_row")
     tree_min_shared_tokens: int | None = _spec_field("tree_min_shared_tokens")
 
     # --- async pipeline ------------------------------------------------------------------------
@@ -80,6 +81,7 @@ class AsyncGRPOConfig(TrainingArguments):
     rollout_worker_timeout: float = _spec_field("rollout_worker_timeout")
     idle_log_s: float = _spec_field("idle_log_s")
     dropped_groups_warning: int = _spec_field("dropped_groups_warning")
+    retire_saturated_prompts: int | None = _spec_field("retire_saturated_prompts")
 
     # --- logging -------------------------------------------------------------------------------
     log_completions: bool = _spec_field("log_completions")
@@ -99,6 +101,10 @@ class AsyncGRPOConfig(TrainingArguments):
                 )
         if self.output_dir is None:
             self.output_dir = "trainer_output"
+        if self.report_to is None:
+            # The schema lets a document write null for "no integrations"; transformers' Trainer
+            # refuses None ("None is not supported"), so it is the spec's "none".
+            self.report_to = "none"
         on_cuda = compile_by_default(use_cpu=self.use_cpu)  # a CUDA run: both GPU defaults apply
         if self.torch_compile is None:
             self.torch_compile = on_cuda

@@ -86,6 +86,7 @@ FIELD_RANGES: dict[str, Range] = {
     "num_sampler_logprobs": Range(0, 1024),
     # the async pipeline
     "token_budget": Range(1, 2**24),
+    "max_samples_per_row": Range(1, 2**24, note="samples; null: no cap"),
     "tree_min_shared_tokens": Range(0, 2**24, note="None: 32 on CUDA, 0 on CPU"),
     "max_concurrent_rollouts": Range(1, 10**6),
     "max_staleness": Range(0, 10**6),
@@ -94,6 +95,7 @@ FIELD_RANGES: dict[str, Range] = {
     "rollout_worker_timeout": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
     "idle_log_s": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
     "dropped_groups_warning": Range(0, 10**9, note="0: never"),
+    "retire_saturated_prompts": Range(1, 10**9, note="groups in a row; null: off"),
     # logging and checkpoints
     "logging_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),
     "save_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),

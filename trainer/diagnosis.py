@@ -30,7 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trainer.diagnosis_words import BOTH_HOLD, BOTTLENECK, CONCURRENCY, DUPLICATES, SATURATION
+from trainer.diagnosis_words import (
+    BOTH_HOLD,
+    BOTTLENECK,
+    CONCURRENCY,
+    DUPLICATES,
+    SATURATION,
+    SATURATION_RETIRE_ADVICE,
+)
 from trainer.metrics import (
     BATCH_SAMPLES_PER_STEP,
     COMPLETIONS_CLIPPED_RATIO,
@@ -45,6 +52,7 @@ from trainer.metrics import (
     ROLLOUT_BACKPRESSURE_S,
     ROLLOUT_CONCURRENCY,
     ROLLOUT_CONCURRENCY_CAP,
+    ROLLOUT_GENERATED_TOKENS_PER_S,
     ROLLOUT_QUEUE_SIZE,
     ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC,
     SAMPLE_STALENESS_MEAN,
@@ -598,7 +606,33 @@ def diagnose(
         _duplicates(w, cfg),
         _clipping(w),
     ]
-    return _cross_read([d for d in found if d is not None])
+    found = _cross_read([d for d in found if d is not None])
+    return _recommend_retirement(found, w, config)
+
+
+def _recommend_retirement(
+    found: list[Diagnosis], w: Mapping[str, Points], config: Mapping[str, Any] | None
+) -> list[Diagnosis]:
+    """Where dropped groups dominate (``frac_reward_zero_std`` >= FRAC_ZERO_STD_HIGH) while some still
+    train, and ``retire_saturated_prompts`` is off: the saturation card recommends it, with the
+    generated tokens a step spends on dropped groups (generation rate x step time x dropped share,
+    when both are logged)."""
+    if (config or {}).get("retire_saturated_prompts") or FRAC_REWARD_ZERO_STD not in w:
+        return found
+    frac = _mean(w[FRAC_REWARD_ZERO_STD])
+    if not FRAC_ZERO_STD_HIGH <= frac < ALL_DROPPED_FRAC:
+        return found
+    cost = f"{frac:.0%} of the generation"
+    if ROLLOUT_GENERATED_TOKENS_PER_S in w and PERF_STEP_S in w:
+        tokens = _mean(w[ROLLOUT_GENERATED_TOKENS_PER_S]) * _mean(w[PERF_STEP_S]) * frac
+        cost = f"about {tokens:,.0f} generated tokens a step ({frac:.0%} of the generation)"
+    note = SATURATION_RETIRE_ADVICE.format(cost=cost)
+    return [
+        replace(d, advice=d.advice + note, evidence={**d.evidence, "config/retire_saturated_prompts": 0.0})
+        if d.topic == "saturation"
+        else d
+        for d in found
+    ]
 
 
 def _cross_read(found: list[Diagnosis]) -> list[Diagnosis]:

@@ -86,6 +86,13 @@ BOTH_HOLD = {
 }
 
 
+# Appended to the saturation card where dropped groups dominate and retirement is off.
+SATURATION_RETIRE_ADVICE = (
+    " Dropped groups cost {cost}: set retire_saturated_prompts (e.g. 2) to stop generating for prompts "
+    "whose groups keep getting one reward (an extension beyond the spec; docs/config.md)."
+)
+
+
 SATURATION = {
     "all_dropped": (
         "Every group is dropped: no step can train",

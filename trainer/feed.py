@@ -129,6 +129,7 @@ class RolloutFeed:
         window: MetricWindow,
         rank: int = 0,
         min_shared_tokens: int = 0,
+        max_samples_per_row: int | None = None,
         idle_log_s: float = 30.0,
         dropped_groups_warning: int = 32,
     ) -> None:
@@ -146,6 +147,7 @@ class RolloutFeed:
         self.dropped_groups_warning = dropped_groups_warning
         self.dropped_in_a_row = 0
         self.min_shared_tokens = min_shared_tokens
+        self.max_samples_per_row = max_samples_per_row
         self.model_version = model_version
         self.token_budget = token_budget
         self.num_rows = num_rows
@@ -153,8 +155,14 @@ class RolloutFeed:
         self.num_top_logprobs = num_top_logprobs
         self.window = window
         self.rank = rank
-        self.batcher = TokenBudgetBatcher(token_budget, num_rows, min_shared_tokens) if token_budget else None
+        self.batcher = (
+            TokenBudgetBatcher(token_budget, num_rows, min_shared_tokens, max_samples_per_row)
+            if token_budget
+            else None
+        )
         self.positions = PositionBook(next_untrained=start_position)
+        # Rows the rollout process retired (retire_saturated_prompts), for rollout_state.json.
+        self.retired_rows: set[int] = set()
         self._position_of: dict[int, int] = {}  # id(sample) -> prompt position
         self._ready: list[MicroBatch] = []
         self._step_batches: list[MicroBatch] = []
@@ -189,7 +197,9 @@ class RolloutFeed:
         """
         self.next_group = next_group
         self.token_budget = token_budget
-        self.batcher = TokenBudgetBatcher(token_budget, self.num_rows, self.min_shared_tokens)
+        self.batcher = TokenBudgetBatcher(
+            token_budget, self.num_rows, self.min_shared_tokens, self.max_samples_per_row
+        )
         self.on_allowance = on_allowance
         self.settled_tokens = settled_tokens
         self.allowance_lead = self.initial_lead(token_budget, rows_per_step)
@@ -319,6 +329,10 @@ class RolloutFeed:
                 return
             self._received_before_end += 1
         self.positions.receive(result)
+        if result.restored_all:
+            self.retired_rows.clear()
+        if result.retired:
+            self.retired_rows.add(result.row_index)
         self._count_dropped(result)
         version = self.model_version()
         for sample in result.samples:

@@ -20,25 +20,39 @@ __all__ = [
     "HubError",
     "Snapshot",
     "Sources",
+    "cached_snapshot",
     "is_hub_id",
     "resolve_snapshot",
     "resolve_sources",
     "valid_revision",
 ]
 
-# "org/name" (the hub's own rule, roughly): no path tricks, no scheme, no "..".
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+# "org/name", the hub's own rule (huggingface_hub's validate_repo_id): letters, digits, "-", "_", "."
+# with no "--" or "..", a part neither starting nor ending with "-" or "."; no path, no scheme. Whole
+# strings only (fullmatch: "$" would let a trailing newline through).
+_REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"{_REPO_PART}/{_REPO_PART}")
+_REVISION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,198}[A-Za-z0-9_])?")
 
 
 def is_hub_id(value: object) -> bool:
     """Whether ``value`` reads as a hub repo id (``org/name``), not a path or a URL."""
-    return isinstance(value, str) and bool(_REPO_ID.match(value)) and ".." not in value
+    return (
+        isinstance(value, str)
+        and _REPO_ID.fullmatch(value) is not None
+        and ".." not in value
+        and "--" not in value
+    )
 
 
 def valid_revision(value: object) -> bool:
-    """A branch, tag or commit hash (no ``..``, no leading separator)."""
-    return isinstance(value, str) and bool(_REVISION.match(value)) and ".." not in value
+    """A branch, tag or commit hash (no ``..`` or ``//``, no leading or trailing separator)."""
+    return (
+        isinstance(value, str)
+        and _REVISION.fullmatch(value) is not None
+        and ".." not in value
+        and "//" not in value
+    )
 
 
 class HubError(RuntimeError):
@@ -111,6 +125,21 @@ def resolve_snapshot(
     if progress is not None:
         progress(f"{what} resolved to commit {commit} ({path})")
     return Snapshot(repo_id=repo_id, repo_type=repo_type, revision=revision, commit=commit, path=path)
+
+
+def cached_snapshot(repo_id: str, *, repo_type: str = "model", revision: str | None = None) -> Path | None:
+    """The local directory of ``repo_id`` at ``revision`` (default ``main``) from the hub cache alone,
+    or None when it is not cached: nothing is fetched (the control plane's preflight reads what is
+    there; the worker downloads what is not, later, with its own credentials)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id=repo_id, repo_type=repo_type, revision=revision or "main", local_files_only=True
+        )
+    except Exception:  # not cached (LocalEntryNotFoundError), or an unreadable cache: not known here
+        return None
+    return Path(path)
 
 
 def _progress_tqdm(report: Callable[[str], None], what: str):

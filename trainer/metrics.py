@@ -53,6 +53,7 @@ NAMESPACES = (
     "perf",
     "tools",
     "env",
+    "curriculum",
 )
 STRICT_ENV = "GRPO_STRICT_METRICS"
 
@@ -72,6 +73,7 @@ class Metric:
     unit: str
     help: str
     when: str = ""
+    marks: bool = False  # each change of its value is marked on every chart of the run page
 
     @property
     def namespace(self) -> str:
@@ -91,16 +93,17 @@ class Metric:
             "when": self.when,
             "namespace": self.namespace,
             "templated": self.templated,
+            "marks": self.marks,
         }
 
 
 CATALOGUE: dict[str, Metric] = {}
 
 
-def _m(name: str, reduction: str, unit: str, help: str, when: str = "") -> str:
+def _m(name: str, reduction: str, unit: str, help: str, when: str = "", *, marks: bool = False) -> str:
     """Declare a metric; returns its name (or pattern) for the module constant."""
     assert name not in CATALOGUE and reduction in REDUCTIONS, name
-    CATALOGUE[name] = Metric(name, reduction, unit, help, when)
+    CATALOGUE[name] = Metric(name, reduction, unit, help, when, marks)
     return name
 
 
@@ -246,6 +249,17 @@ ROLLOUT_BACKPRESSURE_S = _m(
     "rollout/backpressure_s", MEAN, "s", "Time generation waited, max_staleness steps ahead of training."
 )
 ROLLOUT_VLLM_RETRY_COUNT = _m("rollout/vllm_retry_count", SUM, "requests", "Retried vLLM requests.")
+_RETIRING = "retire_saturated_prompts is set (an extension beyond the spec)"
+ROLLOUT_RETIRED_PROMPTS = _m(
+    "rollout/retired_prompts", LAST, "prompts", "Prompts retired for all-equal rewards in a row.", _RETIRING
+)
+ROLLOUT_RETIRED_FRACTION = _m(
+    "rollout/retired_fraction",
+    LAST,
+    "frac",
+    "Retired prompts over the distinct prompts dispatched.",
+    _RETIRING,
+)
 ROLLOUT_VLLM_KV_CACHE_USAGE_FRAC = _m(
     "rollout/vllm_kv_cache_usage_frac", MEAN, "frac", "KV-cache usage (max over engines) per poll.", _SERVER
 )
@@ -282,6 +296,17 @@ TOOLS_LOOP_EXHAUSTED_FRAC = _m(
 ENV_RESET_S = _m("env/reset_s", MEAN, "s", "Time in the environment's reset().", "an environment_factory")
 ENV_REWARD_S = _m(
     "env/reward_s", MEAN, "s", "Time in the environment's get_reward().", "an environment get_reward"
+)
+
+# ---- curriculum/ (a rollout loop that serves levels: trainer.tasks.curriculum) --------------------
+CURRICULUM_LEVEL = _m(
+    "curriculum/level",
+    LAST,
+    "level",
+    "The curriculum's stage: the index of the level served (easiest first; the number of levels once "
+    "every level is served again). Each change is marked on the run page's charts.",
+    "the run's loop_cls is a curriculum (trainer.tasks.curriculum.LevelCurriculumLoop)",
+    marks=True,
 )
 
 # ---- sample/ -------------------------------------------------------------------------------------

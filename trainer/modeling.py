@@ -109,16 +109,28 @@ def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     return ids
 
 
+def config_architecture_refusal(*, model_type: str, layer_types: set[str]) -> str | None:
+    """Why tree packing cannot train a model of ``model_type`` with ``layer_types`` (what its config
+    says, so the control plane asks before the model is loaded), or None; linear attention and
+    attention sinks are judged on the loaded model (:func:`check_supported_architecture`)."""
+    if model_type in _SSM_MODEL_TYPES:
+        return (
+            f"model_type={model_type!r}: state-space / Mamba layers are not supported by tree packing "
+            "(only attention layers are)"
+        )
+    unknown = layer_types - _SUPPORTED_LAYER_TYPES - {"linear_attention"}
+    if unknown:
+        return f"layer types {sorted(unknown)} are not supported by tree packing; supported: attention layers"
+    return None
+
+
 def check_supported_architecture(model: PreTrainedModel) -> None:
     """Refuse architectures the spec rules out, naming what is unsupported."""
     config = getattr(model.config, "text_config", None) or model.config
     model_type = getattr(config, "model_type", "")
-    if model_type in _SSM_MODEL_TYPES:
-        raise ValueError(
-            f"model_type={model_type!r}: state-space / Mamba layers are not supported by tree packing "
-            "(only attention layers are)"
-        )
     layer_types = set(getattr(config, "layer_types", None) or [])
+    if model_type in _SSM_MODEL_TYPES:
+        raise ValueError(config_architecture_refusal(model_type=model_type, layer_types=layer_types))
     if "linear_attention" in layer_types and not supports_tree_linear_attention(model):
         # Run along the packed row, their convolution and recurrent state would read sibling
         # samples' tokens; only the gated DeltaNet kernels trainer.linear_attention wraps follow paths.
@@ -127,11 +139,9 @@ def check_supported_architecture(model: PreTrainedModel) -> None:
             "layers with transformers' causal_conv1d_fn / torch_chunk_gated_delta_rule kernels; tree "
             "packing cannot follow their state along each sample's path"
         )
-    unknown = layer_types - _SUPPORTED_LAYER_TYPES - {"linear_attention"}
-    if unknown:
-        raise ValueError(
-            f"layer types {sorted(unknown)} are not supported by tree packing; supported: attention layers"
-        )
+    refusal = config_architecture_refusal(model_type=model_type, layer_types=layer_types)
+    if refusal:
+        raise ValueError(refusal)
     if any(name.endswith(".sinks") or name.endswith("_sinks") for name, _ in model.named_parameters()):
         raise ValueError(
             f"{type(model).__name__} has attention sinks, which AsyncGRPOTrainer does not support"

@@ -418,12 +418,23 @@ class TokenBudgetBatcher:
     4. otherwise the micro-batch closes and the sample starts the next one.
 
     Load is the row's attention cost (see the module docstring). Samples longer than
-    ``token_budget`` fit no row: they are dropped with a warning and counted.
+    ``token_budget`` fit no row: they are dropped with a warning and counted. ``max_samples_per_row``
+    (an extension beyond the spec; None = no cap): a row holding that many samples takes no more,
+    however much of their prefixes they share, so a step's samples (and its generation) stay bounded.
     """
 
-    def __init__(self, token_budget: int, num_rows: int, min_shared_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        token_budget: int,
+        num_rows: int,
+        min_shared_tokens: int = 0,
+        max_samples_per_row: int | None = None,
+    ) -> None:
         if token_budget < 1 or num_rows < 1:
             raise ValueError(f"token_budget={token_budget}, num_rows={num_rows}: both must be >= 1")
+        if max_samples_per_row is not None and max_samples_per_row < 1:
+            raise ValueError(f"max_samples_per_row={max_samples_per_row}: must be >= 1 (or None)")
+        self.max_samples_per_row = max_samples_per_row
         self.token_budget = token_budget
         self.num_rows = num_rows
         self.min_shared_tokens = min_shared_tokens
@@ -447,8 +458,9 @@ class TokenBudgetBatcher:
 
     def _choose_row(self, sample: TrainingSequence) -> int | None:
         costs = [t.cost_of(sample) for t in self._tries]
+        cap = self.max_samples_per_row
         fits = [
-            len(t) + new_tokens <= self.token_budget
+            len(t) + new_tokens <= self.token_budget and (cap is None or len(t.samples) < cap)
             for t, (new_tokens, _) in zip(self._tries, costs, strict=True)
         ]
         loads = [t.attention_cost for t in self._tries]

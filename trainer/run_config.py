@@ -171,6 +171,36 @@ def run_document_errors(doc: Any) -> dict[str, str]:
         )
     else:
         errors.update({f"args.{key}": message for key, message in args_errors(raw_args).items()})
+        for path, message in _launch_rule_errors(doc, raw_args).items():
+            errors.setdefault(path, message)
+    return errors
+
+
+def _launch_rule_errors(doc: dict, args: dict) -> dict[str, str]:
+    """Rules between ``args`` and the rest of the document that the trainer enforces when it starts:
+    an environment without a dataset makes prompts forever (so ``max_steps`` must end the run), and
+    transformers runs FSDP only over several processes."""
+    from trainer.run_schema import DEFAULTS
+
+    errors: dict[str, str] = {}
+    max_steps = args.get("max_steps", DEFAULTS["max_steps"])
+    if (
+        doc.get("train_dataset") is None
+        and doc.get("environment_factory")
+        and isinstance(max_steps, int)
+        and max_steps <= 0
+    ):
+        errors["args.max_steps"] = (
+            "without train_dataset the environment makes prompts forever: set max_steps > 0"
+        )
+    if args.get("fsdp") and not resources_errors(doc.get("resources")):
+        resources = parse_resources(doc.get("resources"))
+        if (resources.trainer_gpus or resources.trainer_processes or 1) < 2:
+            errors["args.fsdp"] = (
+                "FSDP shards the model over several trainer processes and this run has one: set "
+                "resources.trainer.gpus (a GPU worker) or resources.trainer.processes (a CPU worker) above 1, "
+                "or leave fsdp unset"
+            )
     return errors
 
 

@@ -157,6 +157,14 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
     _spec("num_sampler_logprobs", "int", 8, "Top sampler logprobs per token."),
     _spec("token_budget", "int", None, "Tokens per packed row; None = max_model_len.", nullable=True),
     _spec(
+        "max_samples_per_row",
+        "int",
+        None,
+        "Extension beyond the spec: at most this many samples in one packed row, however much they "
+        "share (bounds a step's samples as completions converge); None = no cap.",
+        nullable=True,
+    ),
+    _spec(
         "tree_min_shared_tokens",
         "int",
         None,
@@ -181,6 +189,15 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
         "int",
         32,
         "Warn after this many groups in a row were dropped (identical rewards); 0 = never.",
+    ),
+    _spec(
+        "retire_saturated_prompts",
+        "int",
+        None,
+        "Extension beyond the spec: retire a prompt (told apart by its content) once this many of its "
+        "groups in a row had all-equal rewards (skipped from then on, kept in rollout_state.json; all "
+        "come back if every prompt is retired); None = off.",
+        nullable=True,
     ),
     # --- logging
     _spec("log_completions", "bool", False, "Log sampled (prompt, completion) pairs."),
@@ -373,6 +390,42 @@ def _json_kwargs(v: Mapping[str, Any]) -> dict[str, str]:
     return errors
 
 
+def _no_evaluation(v: Mapping[str, Any]) -> dict[str, str]:
+    """AsyncGRPOTrainer trains from rollouts and has no evaluation set: transformers' Trainer refuses
+    an eval strategy without one, and "best" checkpoints need evaluation metrics (checked when the
+    trainer is built, past the config)."""
+    errors: dict[str, str] = {}
+    strategy = v.get("eval_strategy")
+    if isinstance(strategy, str) and strategy != "no":
+        errors["eval_strategy"] = (
+            "AsyncGRPOTrainer has no evaluation set and the trainer refuses any other strategy; leave it 'no'"
+        )
+    if v.get("save_strategy") == "best":
+        errors["save_strategy"] = (
+            "'best' needs evaluation metrics, which AsyncGRPOTrainer does not compute; use 'steps' or 'epoch'"
+        )
+    if v.get("load_best_model_at_end") is True:
+        errors["load_best_model_at_end"] = (
+            "needs evaluation metrics, which AsyncGRPOTrainer does not compute; leave it false"
+        )
+    return errors
+
+
+def _fsdp_checkpointing(v: Mapping[str, Any]) -> dict[str, str]:
+    """The trainer refuses FSDP's activation checkpointing together with gradient_checkpointing."""
+    config = v.get("fsdp_config")
+    if not v.get("fsdp") or not isinstance(config, Mapping) or v.get("gradient_checkpointing") is not True:
+        return {}
+    if config.get("activation_checkpointing") or config.get("fsdp_activation_checkpointing"):
+        return {
+            "gradient_checkpointing": (
+                "fsdp_config's activation_checkpointing already recomputes activations and the trainer "
+                "refuses both; set gradient_checkpointing false"
+            )
+        }
+    return {}
+
+
 RULES: tuple[Rule, ...] = (
     _unsupported,
     _sampling,
@@ -380,6 +433,8 @@ RULES: tuple[Rule, ...] = (
     _importance_sampling,
     _score_centering,
     _json_kwargs,
+    _no_evaluation,
+    _fsdp_checkpointing,
 )
 
 

@@ -31,6 +31,23 @@ def _announce(sender=None, **_: object) -> None:
 
     queues = sorted(sender.app.amqp.queues.consume_from or {}) if sender is not None else []
     worker_announce(name=sender.hostname, queues=queues)
+    _resume_interrupted(queues)
+
+
+def _resume_interrupted(queues: list[str]) -> None:
+    """Resume the runs a shutdown of this host's worker interrupted (``GRPO_RESUME_INTERRUPTED``)."""
+    import logging
+    import socket
+
+    from django.conf import settings
+
+    from controlplane.runs.services import runs_resume_interrupted
+
+    if not settings.GRPO_RESUME_INTERRUPTED:
+        return
+    resumed = runs_resume_interrupted(worker_host=socket.gethostname(), queues=queues)
+    if resumed:
+        logging.getLogger(__name__).info("resumed interrupted runs %s", resumed)
 
 
 @worker_shutdown.connect

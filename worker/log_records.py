@@ -9,14 +9,19 @@ step: ``HTTP Request: POST http://... "HTTP/1.1 200 OK"``) are left out.
 
 Reads are cut at record boundaries: a partial last line, or a traceback whose exception line is not
 written yet, waits for the next read (:func:`cut_records` says how many bytes it used).
+
+A run that fails gets one sentence as its ``failure_reason`` (:func:`failure_sentence`): the cause read
+from the end of the log (a vLLM refusal, a timeout, memory, the last exception) and the field or
+setting to change; the log lines themselves stay in the run's events.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["LogCut", "cut_records", "event_message", "is_noise", "log_tail"]
+__all__ = ["LogCut", "cut_records", "event_message", "failure_sentence", "is_noise", "log_tail"]
 
 RECORD_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<name>[\w.]+): ")
 HTTPX_REQUEST = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ httpx: HTTP Request: ")
@@ -132,3 +137,155 @@ def log_tail(data: bytes, *, max_lines: int) -> str:
     starting at a line, given as the latest whole records up to ``max_lines`` lines (the last one
     whole, e.g. the traceback that ended the process), noise left out."""
     return event_message(cut_records(data, final=True).records, max_lines=max_lines, keep_tracebacks=False)
+
+
+# ------------------------------------------------------------------------------ failure sentences
+# The fix for a request longer than the server's context: the field that sets each side.
+_LONGER_CONTEXT = "raise the server's max_model_len (resources.vllm.max_model_len)"
+# The cause is cut to this many characters (a vLLM error body can be a kilobyte of JSON).
+CAUSE_MAX_CHARS = 300
+
+
+def _max_tokens_refused(max_tokens: int, max_model_len: int, prompt: int | None = None) -> str:
+    room = f" to at most {max_model_len - prompt}" if prompt is not None and prompt < max_model_len else ""
+    with_prompt = f" with a prompt of {prompt} tokens" if prompt is not None else ""
+    return (
+        f"vLLM refused a request for max_tokens {max_tokens} (args.max_completion_length){with_prompt}: it does "
+        f"not fit the server's max_model_len of {max_model_len} tokens; lower args.max_completion_length{room} "
+        f"or {_LONGER_CONTEXT}"
+    )
+
+
+def _prompt_refused(prompt: int, max_model_len: int) -> str:
+    return (
+        f"vLLM refused a prompt of {prompt} tokens, longer than the server's max_model_len of {max_model_len} "
+        f"tokens; {_LONGER_CONTEXT} or shorten the prompts (train_dataset; with tools, lower "
+        "args.max_tool_calling_iterations: each turn adds to the prompt)"
+    )
+
+
+def _n(match: re.Match, group: int | str) -> int:
+    return int(match.group(group))
+
+
+# (pattern searched in the log's end, the cause it means) in order: the first that matches wins.
+KNOWN_FAILURES: tuple[tuple[re.Pattern[str], Callable[[re.Match], str]], ...] = (
+    (  # vLLM >= 0.11: max_tokens alone over the context
+        re.compile(r"max_tokens=(\d+) cannot be greater than max_model_len=(\d+)"),
+        lambda m: _max_tokens_refused(_n(m, 1), _n(m, 2)),
+    ),
+    (
+        re.compile(
+            r"'max_tokens' or 'max_completion_tokens' is too large: (\d+)\. This model's maximum context "
+            r"length is (\d+) tokens and your request has (\d+) input tokens"
+        ),
+        lambda m: _max_tokens_refused(_n(m, 1), _n(m, 2), _n(m, 3)),
+    ),
+    (
+        re.compile(
+            r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
+            r"\((\d+) in the messages, (\d+) in the completion\)"
+        ),
+        lambda m: _max_tokens_refused(_n(m, 3), _n(m, 1), _n(m, 2)),
+    ),
+    (
+        re.compile(
+            r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+)"
+        ),
+        lambda m: _prompt_refused(_n(m, 2), _n(m, 1)),
+    ),
+    (
+        re.compile(r"Input length \((\d+)\) exceeds model's maximum context length \((\d+)\)"),
+        lambda m: _prompt_refused(_n(m, 1), _n(m, 2)),
+    ),
+    (
+        re.compile(r"decoder prompt \(length (\d+)\) is longer than the maximum model length of (\d+)"),
+        lambda m: _prompt_refused(_n(m, 1), _n(m, 2)),
+    ),
+    (
+        re.compile(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((\w+)=(\d+)"
+        ),
+        lambda m: (
+            f"vLLM refused --max-model-len {m.group(1)}, above the model's limit of {m.group(3)} tokens "
+            f"({m.group(2)} in its config.json); set resources.vllm.max_model_len to at most {m.group(3)}"
+        ),
+    ),
+    (
+        re.compile(r"To serve at least one request with the model'?s'? max seq len \((\d+)\)"),
+        lambda m: (
+            f"the vLLM server's KV cache cannot hold one sequence of max_model_len {m.group(1)} tokens; lower "
+            "resources.vllm.max_model_len (or args.max_completion_length) or raise "
+            "resources.vllm.gpu_memory_utilization"
+        ),
+    ),
+    (
+        re.compile(r"(?:CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: )"),
+        lambda m: (
+            "the trainer ran out of GPU memory; lower args.token_budget (tokens per micro-batch), or give the "
+            "trainer more GPUs (resources.trainer.gpus, with fsdp)"
+        ),
+    ),
+    (
+        re.compile(r"vLLM server at (\S+) not ready after (\d+)s"),
+        lambda m: (
+            f"the vLLM server at {m.group(1)} did not answer within {m.group(2)} s; check that it runs "
+            "(resources.server) or raise args.vllm_server_timeout"
+        ),
+    ),
+    (
+        re.compile(r"no heartbeat for (\d+) s \(rollout_worker_timeout=([\d.]+) s\)"),
+        lambda m: (
+            f"the rollout process gave no heartbeat for {m.group(1)} s; raise args.rollout_worker_timeout (now "
+            f"{m.group(2)} s) when rewards, tools or environments are slow"
+        ),
+    ),
+    (
+        re.compile(r"train_dataset needs a 'prompt' column \(conversational\); it has (\[[^\]]*\])"),
+        lambda m: (
+            f"the dataset has no 'prompt' column (it has {m.group(1)}); map one to it with dataset_columns, "
+            "e.g. {question: prompt}"
+        ),
+    ),
+    (  # the trainer CLI refused the launched document (python -m trainer train prints one line a field)
+        re.compile(r"^error: \S+: ([\w.\[\]]+): (.+)$", re.MULTILINE),
+        lambda m: f"the trainer refused the run document: {m.group(1)}: {m.group(2)}",
+    ),
+)
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure))(?::\s*(.*))?$"
+)
+
+
+def last_exception(log_text: str) -> str | None:
+    """``Type: message`` of the last exception line in ``log_text`` (module path dropped, first line
+    of the message, cut to :data:`CAUSE_MAX_CHARS`); None when there is none."""
+    found = None
+    for line in log_text.splitlines():
+        if not line or line[0].isspace():
+            continue
+        match = _EXCEPTION_LINE.match(line.rstrip())
+        if match:
+            found = match
+    if found is None:
+        return None
+    text = found.group(1) + (f": {found.group(2).strip()}" if found.group(2) else "")
+    return text if len(text) <= CAUSE_MAX_CHARS else text[: CAUSE_MAX_CHARS - 1] + "…"
+
+
+def failure_sentence(*, process: str, status: str, log_text: str) -> str:
+    """One sentence for a failed run's ``failure_reason``: ``process`` (``trainer``, ``vLLM server``)
+    exited with ``status`` (``1``, ``137 (SIGKILL)``), the cause read from ``log_text`` (the end of its
+    log) and the field or setting to change. The log itself goes to the run's events, not here."""
+    head = f"{process} exited with status {status}"
+    for pattern, cause in KNOWN_FAILURES:
+        match = pattern.search(log_text)
+        if match:
+            return f"{head}: {cause(match)} (the log is in the run's events)"
+    exception = last_exception(log_text)
+    if exception:
+        return f"{head}: {exception} (the traceback is in the run's events)"
+    return (
+        f"{head} without reporting an error (stopped from outside: a kill, or out of memory); its last log "
+        "lines are in the run's events"
+    )

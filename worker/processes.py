@@ -209,6 +209,11 @@ class VLLMServer:
     def stop(self) -> None:
         self.process.stop(grace_s=20)
 
+    def restart(self, timeout_s: float = 420) -> VLLMServer:
+        """Stop it and start it again on the same port and log (appended)."""
+        self.stop()
+        return self.start(timeout_s)
+
 
 # ---------------------------------------------------------------------------------------- /proc
 def _stat_fields(pid: int | str) -> list[str] | None:

@@ -8,8 +8,9 @@ An attempt (:func:`supervise_run`):
 2. writes the launched document ``<output_dir>/RUN.yaml``: the stored config plus what the control
    plane sets (``args.output_dir``, ``args.vllm_server_base_url`` on the run's own port or the named
    server's URL, the model's local directory),
-3. starts ``python -m trainer serve`` on the run's vLLM GPUs (none with a named server) and waits
-   for ``/health``,
+3. starts ``python -m trainer serve`` on the run's vLLM GPUs (none with a named server), its
+   ``--max-model-len`` the document's or fitted to the run's lengths on the local model and dataset
+   (:func:`controlplane.runs.launch_checks.per_run_max_model_len`), and waits for ``/health``,
 4. stores what a previous attempt left unread in the output folder, then starts
    ``python -m trainer train --config RUN.yaml`` (``--resume CHECKPOINT`` when a previous attempt
    left one) on the trainer's GPUs, under ``torch.distributed.run`` for several processes
@@ -17,15 +18,18 @@ An attempt (:func:`supervise_run`):
    each child's environment and the trainer's ranks, and marks the run ``running``,
 5. watches both, ingesting the trainer's ``metrics.jsonl``, ``completions.jsonl`` and checkpoint
    folders as they grow (:mod:`worker.tailer`, every ``INGEST_POLL_S``): trainer exit 0 ->
-   ``completed``; trainer or server exit otherwise -> ``failed`` with the exit status and the last
-   log lines; ``stopping`` (set by the API) -> both are ended and the run is ``stopped``. What the
+   ``completed``; trainer or server exit otherwise -> ``failed`` with one sentence naming the cause
+   and the field to change (:func:`worker.log_records.failure_sentence`; the last log lines go to
+   the run's events); ``stopping`` (set by the API) -> both are ended and the run is ``stopped``. What the
    trainer wrote last is ingested once its processes are gone, before the final status.
 
 Every child is started through :mod:`worker.guard` in its own process group, and stopped as a
 group (SIGTERM, SIGKILL after ``GRPO_STOP_GRACE_S``). The supervisor refreshes ``Run.heartbeat_at``
 every ``GRPO_RUN_HEARTBEAT_S``; the same round trip tells it whether a stop was requested. A
-SIGTERM to the worker's pool process (warm shutdown) ends both children and fails the run with
-that reason; a SIGKILL leaves the guards to clean up and the staleness check to fail the run.
+SIGTERM to the worker's pool process (warm shutdown: Ctrl-C on ``make run``) asks the trainer to save
+a checkpoint at its step's end (:mod:`trainer.interrupt`), waits up to ``GRPO_STOP_GRACE_S`` for it,
+ends both children and records the run ``interrupted`` (a worker of the host resumes it when it
+starts); a SIGKILL leaves the guards to clean up and the staleness check to fail the run.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from django.conf import settings
@@ -55,6 +59,8 @@ from django.db import DatabaseError, close_old_connections
 from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
+from controlplane.runs.validation import local_sources_errors
+from trainer.interrupt import EXIT_INTERRUPTED, interrupt_clear, interrupt_request, marker_read
 from worker import log_records
 from worker.launch import devices_env, trainer_command, vllm_placement_flags
 from worker.processes import ManagedProcess, group_members, http_ok
@@ -80,8 +86,6 @@ CONTROL_PLANE_ENV = frozenset(
 FINAL_INGEST_TRIES = 5
 LOG_EVENT_EVERY_S = 15.0
 TAIL_LINES = 40
-# vLLM flags for registered models (the tiny model's context and dtype, measured in NOTES.md).
-MODEL_SERVER_FLAGS = {"tiny": ["--max-model-len", "1024"]}
 T = TypeVar("T")
 DEFERRED = object()  # a control-plane write the database refused; tried again on a later poll
 
@@ -176,11 +180,15 @@ class RunSupervisor:
 
     def _attempt(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        interrupt_clear(self.out)  # an earlier attempt's request must not stop this one
         config = self.run_obj.config
         started = time.monotonic()
         services.run_event_create(
             run_id=self.run_id, kind=RunEventKind.INFO, message=_model_plan(config["model"])
         )
+        refused = local_sources_errors(document=config)  # a link added since the run was created
+        if refused:
+            raise AttemptEnded(RunStatus.FAILED, "; ".join(f"{k}: {v}" for k, v in refused.items()))
         model_dir, dataset = self._resolve_sources(config)
         services.run_event_create(
             run_id=self.run_id,
@@ -189,6 +197,7 @@ class RunSupervisor:
         )
         config_path = self._write_launch_document(model_dir, dataset)
         if self.server_name is None:
+            self._size_context(model_dir, dataset, config)
             self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
@@ -261,10 +270,39 @@ class RunSupervisor:
             return url
         return f"http://127.0.0.1:{self.port}"
 
+    def _size_context(self, model_dir: str, dataset: Any, config: dict) -> None:
+        """The run's own server's ``max_model_len`` into the placement: the document's, else the
+        run's lengths measured on the local model and dataset (:func:`~controlplane.runs.launch_checks.
+        per_run_max_model_len`); a run that no longer fits (its dataset changed since it was
+        created) fails here in one sentence, before vLLM starts."""
+        from controlplane.runs.launch_checks import LaunchRefused, per_run_max_model_len
+
+        def measure() -> Any:
+            try:
+                return per_run_max_model_len(
+                    document=config,
+                    model_dir=model_dir,
+                    dataset=dataset if isinstance(dataset, str) else None,
+                )
+            except LaunchRefused as refused:
+                return refused
+
+        plan = self._blocking(measure, what="measuring the run's prompts")
+        if isinstance(plan, LaunchRefused):
+            raise AttemptEnded(RunStatus.FAILED, str(plan))
+        place = self.placement.get("vllm") or {}
+        place["max_model_len"] = plan.tokens
+        self.placement["vllm"] = place
+        services.run_event_create(
+            run_id=self.run_id,
+            kind=RunEventKind.INFO,
+            message=f"vLLM max_model_len {plan.tokens}: {plan.reason}",
+        )
+
     def _start_vllm(self, model_dir: str, config: dict) -> None:
         place = self.placement.get("vllm") or {}
         argv = [sys.executable, "-m", "trainer", "serve", model_dir, "--port", str(self.port)]
-        argv += vllm_placement_flags(place, default=MODEL_SERVER_FLAGS.get(config["model"], []))
+        argv += vllm_placement_flags(place, default=[])  # _size_context set max_model_len
         from trainer.run_schema import DEFAULTS  # the spec's dtype default, one table
 
         dtype = (config.get("args") or {}).get("dtype", DEFAULTS["dtype"])
@@ -325,12 +363,12 @@ class RunSupervisor:
         while not http_ok(self.base_url + "/health"):
             self._check()
             if time.monotonic() > deadline:
-                tail = self.vllm.log_tail(TAIL_LINES) if self.vllm is not None else ""
                 which = f"vLLM server {self.server_name!r}" if self.server_name else "vLLM server"
+                # One sentence; the server's log lines go to the events when its process is ended.
                 raise AttemptEnded(
                     RunStatus.FAILED,
-                    f"{which} not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s at "
-                    f"{self.base_url}:\n{tail}",
+                    f"{which} not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s at {self.base_url}; "
+                    "raise GRPO_VLLM_START_TIMEOUT_S if it was still loading (its log is in the run's events)",
                 )
             time.sleep(POLL_S)
         services.run_event_create(
@@ -377,9 +415,15 @@ class RunSupervisor:
             if code is not None:
                 if code == 0:
                     return
+                if code == EXIT_INTERRUPTED:  # someone asked (trainer/interrupt.py) without a shutdown
+                    raise AttemptEnded(
+                        RunStatus.INTERRUPTED, self._interrupted_reason("the trainer was asked to stop", code)
+                    )
                 raise AttemptEnded(
                     RunStatus.FAILED,
-                    f"trainer exited with status {_describe(code)}:\n{self.trainer.log_tail(TAIL_LINES)}",
+                    log_records.failure_sentence(
+                        process="trainer", status=_describe(code), log_text=self.trainer.log_tail(TAIL_LINES)
+                    ),
                 )
             now = time.monotonic()
             self._ingest_outputs(now)
@@ -398,11 +442,7 @@ class RunSupervisor:
     def _check(self) -> None:
         """Between polls: a stop, a shutdown, a lost run, a dead server; heartbeat when due."""
         if self.shutdown_signal is not None:
-            raise AttemptEnded(
-                RunStatus.FAILED,
-                f"the worker received {signal.Signals(self.shutdown_signal).name} (shutdown) while the run "
-                "was live; resume the run to continue from its latest checkpoint",
-            )
+            self._interrupt()
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + settings.GRPO_RUN_HEARTBEAT_S
@@ -420,8 +460,58 @@ class RunSupervisor:
         if self.vllm is not None and self.vllm.poll() is not None:
             raise AttemptEnded(
                 RunStatus.FAILED,
-                f"vLLM server exited with status {_describe(self.vllm.poll())}:\n{self.vllm.log_tail(TAIL_LINES)}",
+                log_records.failure_sentence(
+                    process="vLLM server",
+                    status=_describe(self.vllm.poll()),
+                    log_text=self.vllm.log_tail(TAIL_LINES),
+                ),
             )
+
+    def _interrupt(self) -> NoReturn:
+        """The worker is shutting down: ask the trainer to checkpoint at its step's end, wait for it
+        up to ``GRPO_STOP_GRACE_S`` while storing what it writes, and end the attempt ``interrupted``
+        (resumable; :func:`~controlplane.runs.services.runs_resume_interrupted` resumes it when a
+        worker of this host starts). Steps lost: none when the save made it, else those after the
+        latest checkpoint."""
+        why = f"the worker received {signal.Signals(self.shutdown_signal).name} (shutdown)"
+        code = None
+        if self.trainer is not None and self.trainer.poll() is None:
+            grace = settings.GRPO_STOP_GRACE_S
+            interrupt_request(self.out)
+            self._through_db_blips(
+                lambda: services.run_event_create(
+                    run_id=self.run_id,
+                    kind=RunEventKind.INFO,
+                    message=f"{why}: the trainer saves a checkpoint at the end of its step "
+                    f"(waiting up to {grace:g} s, GRPO_STOP_GRACE_S)",
+                ),
+                what="the interrupt's event",
+            )
+            deadline = time.monotonic() + grace
+            while self.trainer.poll() is None and time.monotonic() < deadline:
+                self._ingest_outputs()
+                time.sleep(INGEST_POLL_S)
+            code = self.trainer.poll()
+        raise AttemptEnded(RunStatus.INTERRUPTED, self._interrupted_reason(why, code))
+
+    def _interrupted_reason(self, why: str, trainer_code: int | None) -> str:
+        """One sentence: why the attempt ended, where the run resumes from and how."""
+        marker = marker_read(self.out) if trainer_code == EXIT_INTERRUPTED else None
+        how = "when a worker of this host starts (GRPO_RESUME_INTERRUPTED), or with Resume"
+        if marker and marker.get("checkpoint"):
+            return f"{why}; checkpoint saved at step {marker['step']}: the run resumes from it {how}"
+        latest = _latest_checkpoint(self.out)
+        where = (
+            f"{latest.name} (later steps are trained again)" if latest else "the start (no checkpoint yet)"
+        )
+        saved = (
+            "before the trainer started"
+            if self.trainer is None
+            else (
+                f"and the trainer saved no checkpoint within {settings.GRPO_STOP_GRACE_S:g} s (GRPO_STOP_GRACE_S)"
+            )
+        )
+        return f"{why} {saved}: the run resumes from {where} {how}"
 
     def _blocking(self, fn: Callable[[], T], *, what: str) -> T:
         """Run ``fn`` in a thread while heartbeating and honouring stops (e.g. building the tiny model)."""

@@ -215,6 +215,12 @@ class RunListCreateApi(APIView):
             return _conflict(exc)
         except services.QueuedRunsLimit as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
+        except services.RunCreateRateLimit as exc:
+            return Response(
+                {"detail": str(exc)},
+                status=status.HTTP_429_TOO_MANY_REQUESTS,
+                headers={"Retry-After": str(exc.retry_after_s)},
+            )
         response = Response(run_created_payload(run, request), status=status.HTTP_201_CREATED)
         if not created:
             response["Idempotent-Replayed"] = "true"
@@ -431,6 +437,17 @@ class RunCheckpointsApi(APIView):
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
         return Response(CheckpointOutputSerializer(selectors.run_checkpoint_list(run=run), many=True).data)
+
+
+class RunCheckpointDownloadApi(APIView):
+    @extend_schema(
+        summary="One checkpoint folder as a streamed tar (the run's owner only)",
+        responses={(200, "application/x-tar"): bytes},
+    )
+    def get(self, request: Request, run_id: int, step: int):
+        return downloads.checkpoint_owned_response(
+            request=request._request, user=request.user, run_id=run_id, step=step
+        )
 
 
 class RunDiagnosisApi(APIView):

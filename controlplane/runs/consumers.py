@@ -8,6 +8,7 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
      "time": 1767225600.5, "attempt": 1}                               (when logged, unix s; by which attempt)
     {"type": "completions", "step": 13, "items": [...]}             one message per logged batch
     {"type": "event", "id": 7, "kind": "log", "message": "...", "created_at": "..."}
+    {"type": "checkpoint", "step": 50, "path": ".../checkpoint-50", "created_at": "..."}   one per saved checkpoint
 
 History is loaded over REST (``/api/v1/runs/<id>/metrics/`` etc.); the socket carries only what is new.
 Producers batch: the supervisor's tailer (``worker/tailer.py``) reads the trainer's files every
@@ -27,12 +28,19 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.runs.services.stream import run_group
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
-CLOSE_TOO_BIG = 1009  # RFC 6455: a message too big to process
+# A frame over GRPO_WS_MAX_FRAME_BYTES: daphne, started with that limit (controlplane/core/web_server.py),
+# closes with 1009 itself; this application-range code (HTTP 413 + 4000) is the consumer's own check,
+# for a server started without it (an application may not send 1009: autobahn refuses it).
+CLOSE_TOO_BIG = 4413
+# The channel layer's pool is full: HTTP 503 + 4000, the page reconnects. Not 1013 (try again later):
+# autobahn lets an application send only 1000 and 3000-4999 ("invalid close code", and the socket ends 1011).
+CLOSE_TRY_AGAIN_LATER = 4503
 
 
 @database_sync_to_async
@@ -56,8 +64,12 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
             return
         run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         # Join before reading the status: a change between the two then arrives twice, never zero times.
+        try:
+            await self.channel_layer.group_add(run_group(run_id), self.channel_name)
+        except RedisConnectionError:  # the pool is full (GRPO_CHANNEL_MAX_CONNECTIONS) or Redis is down
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            return
         self.group = run_group(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
         snapshot = await _status_snapshot(user, run_id)
         if snapshot is None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -74,7 +86,8 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
     ) -> None:
         """Frames that are not JSON text (binary, garbage, nesting too deep) are ignored, not fatal; a
-        frame over ``GRPO_WS_MAX_FRAME_BYTES`` closes the socket with 1009 (message too big)."""
+        frame over ``GRPO_WS_MAX_FRAME_BYTES`` closes the socket: with 1009 from daphne's protocol layer,
+        else with 4413 here (:data:`CLOSE_TOO_BIG`)."""
         size = (
             len(text_data.encode("utf-8", "surrogatepass"))
             if text_data is not None
@@ -113,6 +126,16 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_event(self, message: dict[str, Any]) -> None:
         await self.send_json({**message, "type": "event"})
+
+    async def run_checkpoint(self, message: dict[str, Any]) -> None:
+        await self.send_json(
+            {
+                "type": "checkpoint",
+                "step": message["step"],
+                "path": message["path"],
+                "created_at": message.get("created_at"),
+            }
+        )
 
 
 class NotFoundConsumer(AsyncJsonWebsocketConsumer):

@@ -7,6 +7,7 @@ placed beside the field it names (:meth:`RunForm.add_config_errors`)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import forms
@@ -47,13 +48,45 @@ def _json_object(text: str | None, *, example: str) -> dict:
     return value
 
 
+# reST inline markup, roughly by docutils' recognition rules: a backslash escape of a markup
+# character, ``literal``, :role:`text` (or `text`:role:), `interpreted`, `link <url>`_ and `ref`_,
+# **strong**, *emphasis* (not inside a word: 2*3*4 stays).
+_REST_INLINE = re.compile(
+    r"\\(?P<escaped>[\\*`_|])"
+    r"|``(?P<literal>\S(?:.*?\S)?)``"
+    r"|(?::[A-Za-z][\w.+:-]*:)?`(?P<interpreted>[^`]+)`(?::[A-Za-z][\w.+:-]*:|_{1,2})?"
+    r"|(?<![\w*])\*\*(?P<strong>[^\s*](?:.*?[^\s*])?)\*\*(?![\w*])"
+    r"|(?<![\w*])\*(?P<emphasis>[^\s*](?:[^*]*?[^\s*])?)\*(?![\w*])"
+)
+_REFERENCE = re.compile(r"^(?P<title>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
+
+
+def _rest_piece(match: re.Match[str]) -> str:
+    kind = match.lastgroup
+    text = match.group(kind)
+    if kind != "interpreted":
+        return text
+    reference = _REFERENCE.match(text)
+    if reference:  # `title <target>`: the title (the target when there is none)
+        return reference["title"] or reference["target"]
+    text = text.lstrip("!")  # :func:`!name`: no link, same text
+    return text[1:].rsplit(".", 1)[-1] if text.startswith("~") else text  # :func:`~a.b.c` -> c
+
+
+def rest_plain(text: str) -> str:
+    """``text`` with its reST inline markup taken out, as a reader of the rendered docs sees it:
+    ``"1.0 when ``solution`` matches :func:`~math.isclose`, *else* 0"`` -> ``"1.0 when solution
+    matches isclose, else 0"``. What a literal holds is kept as it is (``\\boxed{...}`` included)."""
+    return _REST_INLINE.sub(_rest_piece, text)
+
+
 def _registry_choices(kind: str) -> list[tuple[str, str]]:
-    """``(name, label)`` of every working entry of ``kind``; the label has the first docstring line,
-    the origin and, for rewards, the dataset columns read."""
+    """``(name, label)`` of every working entry of ``kind``; the label has the first docstring line
+    (without its reST markup), the origin and, for rewards, the dataset columns read."""
     choices = []
     for name, entry in registry.entries(kind).items():
         reads = f"; reads {', '.join(entry.columns)}" if entry.columns else ""
-        doc = f" - {entry.doc}" if entry.doc else ""
+        doc = f" - {rest_plain(entry.doc)}" if entry.doc else ""
         choices.append((name, f"{name}{doc} ({entry.package} {entry.version}{reads})"))
     return choices
 

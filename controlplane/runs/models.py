@@ -7,8 +7,11 @@ Status life cycle::
 
     queued -> starting -> running -> completed | failed
                   \\          \\-> stopping -> stopped
-                   \\-> failed | stopping
-    failed | stopped --resume--> queued   (a new attempt from the latest checkpoint)
+                   \\          \\-> interrupted  (its worker was shut down; the trainer saved a checkpoint)
+                   \\-> failed | stopping | interrupted
+    failed | stopped | interrupted --resume--> queued   (a new attempt from the latest checkpoint;
+                                                          interrupted runs resume when a worker of
+                                                          their host starts: GRPO_RESUME_INTERRUPTED)
 
 ``starting``/``running``/``stopping`` mean a supervisor (a Celery task) owns the run and refreshes
 ``heartbeat_at``; a run in one of them whose heartbeat is stale lost its worker.
@@ -36,12 +39,15 @@ class RunStatus(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
 
 
 # A supervisor owns the run (and its processes) in these states.
 ACTIVE_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
-TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED)
-RESUMABLE_STATUSES = (RunStatus.FAILED, RunStatus.STOPPED)
+# An attempt has ended in these states (``finished_at`` is set); the run may go on with a new attempt
+# from the resumable ones.
+TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.INTERRUPTED)
+RESUMABLE_STATUSES = (RunStatus.FAILED, RunStatus.STOPPED, RunStatus.INTERRUPTED)
 
 # The database's ceilings for a run's tags and note; the settings GRPO_RUN_MAX_TAGS,
 # GRPO_RUN_TAG_MAX_CHARS and GRPO_RUN_NOTE_MAX_CHARS set the (lower) limits the API enforces.

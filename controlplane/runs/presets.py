@@ -11,11 +11,14 @@ form's grid; every other key goes into its "advanced" JSON box.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.runs.models import Run
+from django.conf import settings
+
+from controlplane.runs.models import Checkpoint, Run
 from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
 from controlplane.runs.services import demo_config
 from trainer import registry
@@ -59,11 +62,14 @@ def run_preset(*, model: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class RunFormPrefill:
     """Initial values for the run form; for a clone, the source run's id and the top-level config
-    keys the form has no field for (left out of the clone)."""
+    keys the form has no field for (left out of the clone); for a run from a checkpoint, its step
+    and what may keep the checkpoint from being accepted as a model (``notes``)."""
 
     initial: dict[str, Any]
     cloned_from: int | None = None
     dropped: list[str] = field(default_factory=list)
+    checkpoint_step: int | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def form_args_split(*, args: dict[str, Any]) -> dict[str, Any]:
@@ -119,3 +125,51 @@ def run_clone_prefill(*, run: Run) -> RunFormPrefill:
         initial["resources"] = json.dumps(config["resources"])
     dropped = sorted(str(key) for key in config if key not in FORM_KEYS)
     return RunFormPrefill(initial=initial, cloned_from=run.pk, dropped=dropped)
+
+
+def run_checkpoint_prefill(*, run: Run, checkpoint: Checkpoint, user: Any = None) -> RunFormPrefill:
+    """A new run from ``run``'s checkpoint: every field as :func:`run_clone_prefill` gives it, the
+    checkpoint's folder as the model (a checkpoint folder is a model directory: config, weights,
+    tokenizer), no ``model_revision`` (a local folder has none), named ``"<name> (from step N)"``.
+    Only the weights carry over; the optimizer, the schedule and the step count start afresh (the
+    run's own Resume continues them, and ``args.resume_from_checkpoint`` is not taken from the web).
+
+    ``notes``: why the submitted form could still be refused, known before submitting: another
+    user's checkpoint outside ``GRPO_ALLOWED_MODEL_ROOTS`` (``user``'s own checkpoints are accepted
+    wherever they are; other local models only inside those roots), a LoRA run's checkpoint (an
+    adapter, not a whole model)."""
+    clone = run_clone_prefill(run=run)
+    suffix = f" (from step {checkpoint.step})"
+    initial = {
+        **clone.initial,
+        "name": run.name[: MAX_NAME_CHARS - len(suffix)] + suffix,
+        "model": checkpoint.path,
+    }
+    initial.pop("model_revision", None)
+    notes = []
+    own = user is not None and run.owner_id == getattr(user, "pk", None)
+    if not own and not _under_any(checkpoint.path, settings.GRPO_ALLOWED_MODEL_ROOTS):
+        notes.append(
+            f"Run {run.pk} is another user's: a run may start from its owner's checkpoints, and from "
+            "other local models only inside GRPO_ALLOWED_MODEL_ROOTS, which this checkpoint is outside."
+        )
+    if isinstance(run.config, dict) and run.config.get("peft_config"):
+        notes.append(
+            f"Run {run.pk} trained a LoRA adapter (peft_config): its checkpoints hold the adapter, "
+            "not a whole model, and cannot be a run's model."
+        )
+    return RunFormPrefill(
+        initial=initial,
+        cloned_from=run.pk,
+        dropped=clone.dropped,
+        checkpoint_step=checkpoint.step,
+        notes=notes,
+    )
+
+
+def _under_any(path: str, roots: list[str]) -> bool:
+    """Whether ``path`` (resolved) lies inside one of ``roots`` (resolved)."""
+    if "\x00" in path or not os.path.isabs(path):
+        return False
+    real = os.path.realpath(path)
+    return any(os.path.commonpath([real, os.path.realpath(r)]) == os.path.realpath(r) for r in roots)

@@ -631,6 +631,27 @@ def run_checkpoint_get(*, run_id: int, step: int) -> Checkpoint | None:
     return Checkpoint.objects.filter(run_id=run_id, step=step).first()
 
 
+def run_checkpoint_owned_get(*, user: Any, run_id: int, step: int) -> Checkpoint:
+    """The checkpoint at ``step`` of ``user``'s own run ``run_id`` (with its run): its files go to
+    the run's owner only, staff included. ``Http404`` for any other run, or no such checkpoint."""
+    checkpoint = (
+        Checkpoint.objects.select_related("run")
+        .filter(run_id=run_id, run__owner_id=user.pk, step=step)
+        .first()
+    )
+    if checkpoint is None:
+        raise Http404(f"checkpoint {step} of run {run_id} not found")
+    return checkpoint
+
+
+def checkpoint_owned_by_path(*, user: Any, path: str) -> Checkpoint | None:
+    """The checkpoint of one of ``user``'s own runs whose folder is ``path`` (as recorded), with its
+    run; None for any other path, another user's checkpoint included."""
+    if not getattr(user, "pk", None) or not isinstance(path, str) or not path:
+        return None
+    return Checkpoint.objects.select_related("run").filter(run__owner_id=user.pk, path=path).first()
+
+
 def run_checkpoint_steps(*, run_id: int) -> set[int]:
     """The steps of the run's recorded checkpoints."""
     return set(Checkpoint.objects.filter(run_id=run_id).values_list("step", flat=True))

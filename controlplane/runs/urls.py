@@ -16,6 +16,11 @@ web_patterns = [
     path("<int:run_id>/", views.run_detail_view, name="detail"),
     path("<int:run_id>/stop/", views.run_stop_view, name="stop"),
     path("<int:run_id>/resume/", views.run_resume_view, name="resume"),
+    path(
+        "<int:run_id>/checkpoints/<int:step>/download/",
+        views.run_checkpoint_download_view,
+        name="checkpoint-download",
+    ),
 ]
 
 api_patterns = [
@@ -36,6 +41,11 @@ api_patterns = [
     ),
     path("runs/<int:run_id>/events/", api.RunEventsApi.as_view(), name="run-events"),
     path("runs/<int:run_id>/checkpoints/", api.RunCheckpointsApi.as_view(), name="run-checkpoints"),
+    path(
+        "runs/<int:run_id>/checkpoints/<int:step>/download/",
+        api.RunCheckpointDownloadApi.as_view(),
+        name="run-checkpoint-download",
+    ),
     path("runs/<int:run_id>/diagnosis/", api.RunDiagnosisApi.as_view(), name="run-diagnosis"),
     path("preferences/charts/", api.ChartPreferenceApi.as_view(), name="chart-preferences"),
 ]

@@ -11,6 +11,10 @@ Two layers, both reported together as ``{field path: message}`` (``args.learning
    configured roots (no path traversal), and no ``args`` that would let a request pick where the run
    writes, which server it talks to, or make the worker run remote code / reach a hub.
 
+Once both pass, :func:`~controlplane.runs.services.run_config_validate` makes the checks the run's
+launch would make (:mod:`controlplane.runs.launch_checks`: the model's context, the dataset's prompts,
+the trainer's config, the named server).
+
 Before both, the document must be plain JSON that Postgres can store (no NaN, NUL or unpaired
 surrogates, string keys), at most :data:`MAX_DOCUMENT_BYTES` long and :data:`MAX_DOCUMENT_DEPTH` levels deep,
 measured without expanding YAML aliases first.
@@ -22,6 +26,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,27 @@ MUST_BE_FALSY_ARGS = ("trust_remote_code", "push_to_hub", "hub_token", "hub_mode
 # Strings here are file paths read by the worker; only inline mappings are accepted from the web.
 MAPPING_ONLY_ARGS = ("fsdp_config", "accelerator_config")
 MODEL_INIT_KWARGS_ALLOWED = ("attn_implementation", "dtype", "torch_dtype", "low_cpu_mem_usage", "use_cache")
+# chat_template_kwargs from the web: plain flags the model's template reads (enable_thinking, ...),
+# each a name, its value a boolean, a number, null or a short string holding no Jinja; never a
+# template or an argument of apply_chat_template itself (the worker renders with them).
+CHAT_TEMPLATE_KWARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+CHAT_TEMPLATE_KWARG_MAX_CHARS = 256
+APPLY_CHAT_TEMPLATE_ARGS = (
+    "chat_template",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+    "conversation",
+)
 REPORT_TO_ALLOWED = ("none",)
 # Attention implementations that load nothing: transformers also takes a hub kernel repo
 # ("org/repo@rev:fn"), which makes the worker fetch and import code through `kernels`. Operators
@@ -55,8 +81,10 @@ LOCAL_ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
 COMPILE_BACKENDS_ALLOWED = ("inductor", "aot_eager", "eager")
 
 
-def run_document_validate(*, document: Any) -> dict:
-    """Check an untrusted run document; return it unchanged when valid.
+def run_document_validate(*, document: Any, owner: Any = None) -> dict:
+    """Check an untrusted run document; return it unchanged when valid. ``owner`` (the user creating
+    the run) may name a checkpoint folder of one of their own runs as the model, wherever
+    ``GRPO_ALLOWED_MODEL_ROOTS`` is (the form's "new run from this checkpoint").
 
     Raises :class:`~trainer.run_config.RunConfigError` whose ``errors`` maps each offending field
     path to a message (all problems at once, not just the first).
@@ -71,7 +99,7 @@ def run_document_validate(*, document: Any) -> dict:
     size = len(json.dumps(document, allow_nan=False))
     if size > MAX_DOCUMENT_BYTES:
         raise RunConfigError({"config": f"is {size} bytes; the limit is {MAX_DOCUMENT_BYTES}"})
-    errors = _control_plane_errors(document)
+    errors = _control_plane_errors(document, owner)
     for path, message in run_document_errors(document).items():
         errors.setdefault(path, message)
     if errors:
@@ -148,11 +176,13 @@ def _json_shape_errors(document: dict) -> dict[str, str]:
     return errors
 
 
-def _control_plane_errors(doc: dict) -> dict[str, str]:
+def _control_plane_errors(doc: dict, owner: Any = None) -> dict[str, str]:
     errors: dict[str, str] = {}
     model = doc.get("model")
     if isinstance(model, str) and model and not registry.is_registered("model", model):
-        message = _source_error(model, "model")
+        message = _own_checkpoint_error(model, owner)
+        if message is None:
+            message = _source_error(model, "model")
         if message:
             errors["model"] = message
     dataset = doc.get("train_dataset")
@@ -210,21 +240,30 @@ def _resources_errors(resources: Resources) -> dict[str, str]:
         return errors
     wanted = resources.explicit_gpus()
     largest = worker_hosts.pool_max_gpus(pool=pool)
+    field = "resources.trainer.gpus" if resources.trainer_gpus else "resources.vllm.gpus"
+    asked = f"{wanted} GPUs (vLLM {resources.vllm_gpus_on(gpu_host=True)} + trainer {resources.trainer_gpus or 0})"
     if wanted and largest is not None and wanted > largest:
-        field = "resources.trainer.gpus" if resources.trainer_gpus else "resources.vllm.gpus"
+        errors[field] = f"the run asks for {asked} and the largest worker of pool {pool!r} has {largest}"
+    elif wanted and largest is None and wanted > settings.GRPO_MAX_RUN_GPUS:
+        # No worker has registered yet to say what a host has: the operator's bound on one host.
         errors[field] = (
-            f"the run asks for {wanted} GPUs (vLLM {resources.vllm_gpus_on(gpu_host=True)} + trainer "
-            f"{resources.trainer_gpus or 0}) and the largest worker of pool {pool!r} has {largest}"
+            f"the run asks for {asked}; a run gets one host's GPUs, at most {settings.GRPO_MAX_RUN_GPUS} "
+            "(GRPO_MAX_RUN_GPUS)"
         )
     cpus = worker_hosts.pool_max_cpus(pool=pool)
-    if (
-        resources.trainer_processes
-        and largest == 0
-        and cpus is not None
-        and resources.trainer_processes > cpus
-    ):
+    processes = resources.trainer_processes
+    if processes and cpus is not None and processes > cpus:
         errors["resources.trainer.processes"] = (
-            f"{resources.trainer_processes} processes, and the largest worker of pool {pool!r} has {cpus} CPUs"
+            f"{processes} processes, and the largest worker of pool {pool!r} has {cpus} CPUs"
+        )
+    elif processes and cpus is None and processes > settings.GRPO_MAX_TRAINER_PROCESSES:
+        errors["resources.trainer.processes"] = (
+            f"{processes} processes; at most {settings.GRPO_MAX_TRAINER_PROCESSES} (GRPO_MAX_TRAINER_PROCESSES) "
+            "while no worker of the pool has registered its CPUs"
+        )
+    if resources.max_model_len is not None and resources.max_model_len > settings.GRPO_MAX_MODEL_LEN:
+        errors["resources.vllm.max_model_len"] = (
+            f"{resources.max_model_len} tokens; at most {settings.GRPO_MAX_MODEL_LEN} (GRPO_MAX_MODEL_LEN)"
         )
     return errors
 
@@ -281,6 +320,26 @@ def _unregistered(kind: str, name: str, known: dict[str, str]) -> str:
     )
 
 
+def _own_checkpoint_error(value: str, owner: Any) -> str | None:
+    """An empty string (accepted) when ``value`` is the folder of a checkpoint of one of ``owner``'s runs that holds
+    a whole model; the reason when it is such a checkpoint but cannot be a model (a LoRA adapter, a
+    folder since deleted); None when it is no checkpoint of theirs (the usual rules apply)."""
+    from controlplane.runs.selectors import checkpoint_owned_by_path
+
+    checkpoint = checkpoint_owned_by_path(user=owner, path=value) if owner is not None else None
+    if checkpoint is None:
+        return None
+    run = checkpoint.run
+    if isinstance(run.config, dict) and run.config.get("peft_config"):
+        return (
+            f"checkpoint {checkpoint.step} of run {run.pk} holds a LoRA adapter (the run set "
+            "peft_config), not a whole model: use the run's base model, or resume the run itself"
+        )
+    if not (Path(value) / "config.json").is_file():
+        return f"checkpoint {checkpoint.step} of run {run.pk} is no longer on disk ({value})"
+    return ""
+
+
 def _source_error(value: str, what: str) -> str | None:
     """None when an unregistered model or dataset may be used from the web: a hub id matching the
     operator's allowlist, or a local path under the allowed roots; else why not, naming the setting."""
@@ -314,8 +373,8 @@ def _local_path_error(value: str, roots: list[str], setting: str, what: str) -> 
     if ".." in path.parts or not path.is_absolute():
         return f"{value!r}: local {what} paths must be absolute and must not contain '..'"
     real = os.path.realpath(path)
-    inside = [r for r in roots if os.path.commonpath([real, os.path.realpath(r)]) == os.path.realpath(r)]
-    if not inside:
+    real_roots = [os.path.realpath(r) for r in roots]
+    if not _inside(real, real_roots):
         return f"{value!r} is outside the allowed {what} roots ({setting})"
     if what == "model" and not os.path.isdir(real):
         return f"{value!r} is not a model directory"
@@ -323,7 +382,90 @@ def _local_path_error(value: str, roots: list[str], setting: str, what: str) -> 
         return f"{value!r} is neither a .jsonl file nor a datasets directory"
     if not os.path.exists(real):
         return f"{value!r} does not exist"
+    if os.path.isdir(real):
+        return _tree_error(value, real, real_roots, setting, what)
     return None
+
+
+def _inside(real: str, real_roots: list[str]) -> bool:
+    """Whether the resolved path ``real`` is one of ``real_roots`` or under one."""
+    return any(os.path.commonpath([real, root]) == root for root in real_roots)
+
+
+def _tree_error(value: str, real: str, real_roots: list[str], setting: str, what: str) -> str | None:
+    """Why the directory ``real`` may not be read from the web: a link inside it (at any depth,
+    through linked directories too) that resolves outside the roots, which the loader would follow;
+    or more entries than ``GRPO_LOCAL_SOURCE_MAX_ENTRIES`` (the walk's bound, which also ends link
+    cycles). None when every entry stays inside."""
+    limit = settings.GRPO_LOCAL_SOURCE_MAX_ENTRIES
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(real, followlinks=True):
+        for name in (*dirnames, *filenames):
+            seen += 1
+            if seen > limit:
+                return (
+                    f"{value!r} holds more than {limit} files and folders (GRPO_LOCAL_SOURCE_MAX_ENTRIES): "
+                    f"name the {what}'s own folder, not a folder of many"
+                )
+            entry = os.path.join(dirpath, name)
+            if os.path.islink(entry) and not _inside(os.path.realpath(entry), real_roots):
+                shown = os.path.relpath(entry, real)
+                return (
+                    f"{value!r} holds {shown!r}, a link to a path outside the allowed {what} roots "
+                    f"({setting}); remove the link, or copy what it points to into the folder"
+                )
+    return None
+
+
+def local_sources_errors(*, document: dict) -> dict[str, str]:
+    """The folder rule of :func:`run_document_validate` again, as the files stand now: a model or
+    dataset folder inside an allowed root must hold no link out of the roots. The worker checks it
+    before it reads the files: a folder accepted when the run was created may have gained one since."""
+    errors: dict[str, str] = {}
+    for field, what, setting in (
+        ("model", "model", "GRPO_ALLOWED_MODEL_ROOTS"),
+        ("train_dataset", "dataset", "GRPO_ALLOWED_DATASET_ROOTS"),
+    ):
+        value = document.get(field)
+        if not isinstance(value, str) or "\x00" in value or not os.path.isabs(value):
+            continue
+        real, real_roots = os.path.realpath(value), [os.path.realpath(r) for r in getattr(settings, setting)]
+        if os.path.isdir(real) and _inside(real, real_roots):
+            message = _tree_error(value, real, real_roots, setting, what)
+            if message:
+                errors[field] = message
+    return errors
+
+
+def _chat_template_kwargs_errors(kwargs: Any) -> dict[str, str]:
+    """What the web refuses in ``chat_template_kwargs`` (see :data:`APPLY_CHAT_TEMPLATE_ARGS`)."""
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except (ValueError, RecursionError):
+            return {}  # the run schema reports the JSON error itself
+    if not isinstance(kwargs, dict):
+        return {}
+    errors: dict[str, str] = {}
+    for key, value in kwargs.items():
+        field = f"args.chat_template_kwargs.{str(key)[:64]}"
+        if key in APPLY_CHAT_TEMPLATE_ARGS:
+            errors[field] = (
+                "not allowed from the web: it is an argument of apply_chat_template itself (a template, "
+                "tools or rendering options), not a flag the model's template reads"
+            )
+        elif not isinstance(key, str) or not CHAT_TEMPLATE_KWARG_NAME.fullmatch(key):
+            errors[field] = "must be a name (letters, digits, _; at most 64)"
+        elif isinstance(value, str) and (
+            len(value) > CHAT_TEMPLATE_KWARG_MAX_CHARS or any(m in value for m in ("{{", "{%", "{#"))
+        ):
+            errors[field] = (
+                f"a string value must be at most {CHAT_TEMPLATE_KWARG_MAX_CHARS} characters and hold no "
+                "Jinja ({{, {%, {#)"
+            )
+        elif not (value is None or isinstance(value, bool | int | float | str)):
+            errors[field] = "must be true/false, a number, null or a short string (a flag the template reads)"
+    return errors
 
 
 def _args_errors(args: dict) -> dict[str, str]:
@@ -364,6 +506,7 @@ def _args_errors(args: dict) -> dict[str, str]:
                 f"allowed: {', '.join(allowed_attn)}; an operator adds installed ones with "
                 "GRPO_ALLOWED_ATTN_IMPLEMENTATIONS"
             )
+    errors.update(_chat_template_kwargs_errors(args.get("chat_template_kwargs")))
     backend = args.get("torch_compile_backend")
     if backend is not None and backend not in COMPILE_BACKENDS_ALLOWED:
         errors["args.torch_compile_backend"] = (

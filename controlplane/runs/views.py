@@ -11,11 +11,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
-from controlplane.runs import presets, selectors, services
+from controlplane.runs import downloads, presets, selectors, services
 from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
 from controlplane.runs.models import RunStatus
@@ -162,7 +163,7 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
             )
         except RunConfigError as exc:
             form.add_config_errors(exc.errors)
-        except services.QueuedRunsLimit as exc:
+        except (services.QueuedRunsLimit, services.RunCreateRateLimit) as exc:
             form.add_error(None, str(exc))
             status = 429
         else:
@@ -172,7 +173,7 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
         # Some fields did not clean: nothing is created, but the rest of the document is checked so
         # that every error shows at once (each beside its field).
         try:
-            services.run_config_validate(config=form.draft_document())
+            services.run_config_validate(config=form.draft_document(), owner=request.user)
         except RunConfigError as exc:
             form.add_config_errors(exc.errors)
     context = {
@@ -187,14 +188,25 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
 
 
 def _run_form_prefill(request: HttpRequest) -> presets.RunFormPrefill:
-    """``?clone=<id>``: that run's config (404 unless the user may see it); else the default preset."""
+    """``?clone=<id>``: that run's config (404 unless the user may see it); with ``&checkpoint=<step>``
+    its checkpoint of that step as the model (404 when the run has none); else the default preset."""
     clone = request.GET.get("clone")
+    checkpoint = request.GET.get("checkpoint")
     if clone is None:
+        if checkpoint is not None:
+            raise Http404("checkpoint goes with clone=<run id>")
         return presets.run_new_prefill()
     if not re.fullmatch(r"[0-9]{1,18}", clone):
         raise Http404("clone must be a run id")
     run = selectors.run_get(user=request.user, run_id=int(clone))
-    return presets.run_clone_prefill(run=run)
+    if checkpoint is None:
+        return presets.run_clone_prefill(run=run)
+    if not re.fullmatch(r"[0-9]{1,9}", checkpoint):
+        raise Http404("checkpoint must be a step")
+    saved = selectors.run_checkpoint_get(run_id=run.pk, step=int(checkpoint))
+    if saved is None:
+        raise Http404(f"run {run.pk} has no checkpoint at step {checkpoint}")
+    return presets.run_checkpoint_prefill(run=run, checkpoint=saved, user=request.user)
 
 
 @login_required
@@ -218,6 +230,15 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "completion_groups_page": settings.GRPO_COMPLETION_GROUPS_PAGE_SIZE,
     }
     return render(request, "runs/run_detail.html", context)
+
+
+@login_required
+@require_safe
+def run_checkpoint_download_view(request: HttpRequest, run_id: int, step: int) -> HttpResponseBase:
+    """The checkpoint folder as a streamed tar, for the run's owner only (404 for anyone else). A
+    folder not on this host (a worker elsewhere), or outside the run's output directory, is a 404
+    that says so."""
+    return downloads.checkpoint_owned_response(request=request, user=request.user, run_id=run_id, step=step)
 
 
 @login_required

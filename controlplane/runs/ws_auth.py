@@ -7,11 +7,11 @@ pass the same token the REST API takes. A token, when present, wins over the ses
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlparse
 
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
-from channels.security.websocket import OriginValidator
+from channels.security.websocket import OriginValidator, WebsocketDenier
 
 
 @database_sync_to_async
@@ -35,15 +35,65 @@ class QueryTokenAuthMiddleware(BaseMiddleware):
 
 
 class BrowserOriginValidator(OriginValidator):
-    """Refuses a websocket whose ``Origin`` is not one of ALLOWED_HOSTS (cross-site socket hijacking).
+    """Refuses a websocket whose ``Origin`` is not this site's (cross-site socket hijacking).
 
     Browsers always send ``Origin`` on a websocket handshake; scripts and CI clients (aiohttp,
     ``websockets``) usually send none and authenticate with ``?token=``, which a foreign page cannot
-    read. So a missing ``Origin`` is let through, and a present one must match.
+    read. So a missing ``Origin`` is let through, and a present one must be:
+
+    * one of ``CSRF_TRUSTED_ORIGINS`` (Django's list of trusted ``scheme://host[:port]`` origins:
+      a deployment behind a TLS proxy, or a second front-end, names itself there), or
+    * the handshake's own origin: the scheme of the socket (``ws`` for ``http``, ``wss`` for
+      ``https``; ``SECURE_PROXY_SSL_HEADER`` read as Django reads it), and the host and port of its
+      ``Host`` header, with the host one of ``ALLOWED_HOSTS``. Channels' own validator compared the
+      host only, so ``http://127.0.0.1:9999`` or ``https://localhost`` opened a socket with the
+      session cookie of a server on ``http://127.0.0.1:8130`` (issue 29 item 8). A handshake with
+      no ``Host`` header (not HTTP/1.1: in-process test clients) is held to the host rule alone.
     """
 
-    def valid_origin(self, parsed_origin: Any) -> bool:
-        return parsed_origin is None or super().valid_origin(parsed_origin)
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> Any:
+        if scope["type"] != "websocket":
+            raise ValueError("BrowserOriginValidator guards websocket connections only")
+        headers = dict(scope.get("headers", []))
+        origin = headers.get(b"origin")
+        if origin is None or self.same_site(origin.decode("latin1"), headers.get(b"host"), scope):
+            return await self.application(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)
+
+    def same_site(self, origin: str, host: bytes | None, scope: dict) -> bool:
+        from django.conf import settings
+
+        parsed = urlparse(origin)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path or parsed.query:
+            return False  # "null", a file:// page, garbage
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        normalized = f"{parsed.scheme}://{parsed.hostname}:{port}"
+        trusted = {_normalized_origin(o) for o in getattr(settings, "CSRF_TRUSTED_ORIGINS", [])}
+        if normalized in trusted:
+            return True
+        if not super().valid_origin(parsed):  # the host: one of ALLOWED_HOSTS
+            return False
+        if host is None:
+            return True
+        secure = scope.get("scheme") == "wss" or _proxy_says_https(scope, settings)
+        own = urlparse(f"{'https' if secure else 'http'}://{host.decode('latin1')}")
+        own_port = own.port or (443 if secure else 80)
+        return (parsed.scheme, parsed.hostname, port) == (own.scheme, own.hostname, own_port)
+
+
+def _normalized_origin(origin: str) -> str:
+    parsed = urlparse(origin)
+    return f"{parsed.scheme}://{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+
+
+def _proxy_says_https(scope: dict, settings: Any) -> bool:
+    """``SECURE_PROXY_SSL_HEADER`` (e.g. ``("HTTP_X_FORWARDED_PROTO", "https")``) on the handshake."""
+    configured = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if not configured:
+        return False
+    name, value = configured
+    header = name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin1")
+    return dict(scope.get("headers", [])).get(header, b"").decode("latin1").split(",")[0].strip() == value
 
 
 def browser_origin_validator(application: Any) -> BrowserOriginValidator:

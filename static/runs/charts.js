@@ -25,6 +25,14 @@ const GrpoCharts = (() => {
   }
 
   /**
+   * Tick spacings for an axis of integers (the optimizer step): 1, 2, 5, 10, 20, 25, 50, 100, ...
+   * uPlot's default for a number axis also offers 0.5 and 2.5, which put ticks at steps 2.5 and 7.5
+   * on a short run. Ticks are multiples of the spacing, so every tick is a whole step, zoomed or not.
+   */
+  const INTEGER_INCRS = [1, 2, 5];
+  for (let mag = 10; mag <= 1e15; mag *= 10) INTEGER_INCRS.push(mag, 2 * mag, 2.5 * mag, 5 * mag);
+
+  /**
    * The y range: uPlot's padded default, except for a (nearly) flat series, which gets a band of 1% of
    * its magnitude. An importance-sampling ratio of 0.99999988 vs 0.99999982 otherwise asks uPlot's
    * tick splitter for millions of ticks ("Invalid array length").
@@ -62,7 +70,7 @@ const GrpoCharts = (() => {
           value: (u, v) => formatValue(v),
         })),
       ],
-      axes: [{ size: 28 }, { size: 56, values: (u, ticks) => ticks.map(formatValue) }],
+      axes: [{ size: 28, incrs: INTEGER_INCRS }, { size: 56, values: (u, ticks) => ticks.map(formatValue) }],
     };
     return new uPlot(opts, data, el);
   }
@@ -101,5 +109,5 @@ const GrpoCharts = (() => {
     return { lookup, namespaces: (payload && payload.namespaces) || [] };
   }
 
-  return { PALETTE, formatValue, formatDuration, yRange, lineChart, fitWidths, namespaceOf, catalogue };
+  return { PALETTE, INTEGER_INCRS, formatValue, formatDuration, yRange, lineChart, fitWidths, namespaceOf, catalogue };
 })();

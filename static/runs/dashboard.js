@@ -3,7 +3,9 @@
 //   GET  {api}metrics/?layout=columns   every series, as parallel step/value arrays
 //   GET  {api}events/?kind=&q= (the events panel's filter), diagnosis/; completions: completion_panel.js
 //   GET  {catalogue}                    the metric catalogue: chart groups, their order, title tooltips
-//   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events
+//   GET  {api}checkpoints/              the checkpoints (also drawn by the page; merged by step)
+//   WS   /ws/runs/<id>/                 status, metrics (one message per step), completions, events,
+//                                       checkpoints (one message per saved checkpoint)
 //
 // The metric charts are static/runs/metric_panel.js (GrpoMetricPanel: fed below, drawn at most once
 // per animation frame); the diagnosis is re-fetched at most every DIAGNOSIS_EVERY_MS while metrics flow.
@@ -17,6 +19,8 @@
   const DIAGNOSIS_EVERY_MS = 5000;
   const MAX_EVENTS = 300;
   const ETA_WINDOW = 10; // steps of perf/step_s averaged for the ETA
+  const SLOWING_RATIO = 1.5; // recent steps this many times slower than the first: "slowing"
+  const SLOWING_DROPPED_FRAC = 0.5; // ... and at least this share of groups dropped: it says why
 
   const state = {
     status: root.dataset.status,
@@ -66,7 +70,7 @@
       badge.className = `status status-${msg.status}`;
       root.dataset.status = msg.status;
       document.getElementById("stop-form").hidden = !["queued", "starting", "running"].includes(msg.status);
-      document.getElementById("resume-form").hidden = !["failed", "stopped"].includes(msg.status);
+      document.getElementById("resume-form").hidden = !["failed", "stopped", "interrupted"].includes(msg.status);
     }
     if (msg.failure_reason) {
       const pre = document.getElementById("failure-reason");
@@ -89,10 +93,25 @@
       eta.textContent = "";
       return;
     }
-    const recent = stepTimes.values.slice(-ETA_WINDOW).filter((v) => v !== null);
-    const mean = recent.reduce((a, b) => a + b, 0) / Math.max(1, recent.length);
+    const mean = meanOf(stepTimes.values.slice(-ETA_WINDOW));
     const left = Math.max(0, total - state.lastStep);
-    eta.textContent = left ? `ETA ${GrpoCharts.formatDuration(left * mean)} (${GrpoCharts.formatValue(mean)} s/step)` : "";
+    eta.textContent = left ? `ETA ${GrpoCharts.formatDuration(left * mean)} (${GrpoCharts.formatValue(mean)} s/step)${slowingNote(stepTimes.values, mean)}` : "";
+  }
+
+  function meanOf(values) {
+    const known = values.filter((v) => v !== null && Number.isFinite(v));
+    return known.length ? known.reduce((a, b) => a + b, 0) / known.length : NaN;
+  }
+
+  // The ETA reads the last ETA_WINDOW steps; when they are SLOWING_RATIO times slower than the first
+  // ETA_WINDOW and most groups are dropped for identical rewards, it says why (issue 34).
+  function slowingNote(stepValues, recentMean) {
+    if (stepValues.length < 2 * ETA_WINDOW) return "";
+    const first = meanOf(stepValues.slice(0, ETA_WINDOW));
+    const dropped = GrpoMetricPanel.series("frac_reward_zero_std");
+    const frac = dropped ? meanOf(dropped.values.slice(-ETA_WINDOW)) : NaN;
+    if (!(recentMean > SLOWING_RATIO * first) || !(frac >= SLOWING_DROPPED_FRAC)) return "";
+    return ` · slowing ${GrpoCharts.formatValue(recentMean / first)}×: ${Math.round(100 * frac)}% of groups dropped (identical rewards)`;
   }
 
   // ---------------------------------------------------------------- events and log tail
@@ -158,6 +177,36 @@
     clearTimeout(eventSearchTimer);
     eventSearchTimer = setTimeout(refilterEvents, 250);
   });
+
+  // ---------------------------------------------------------------- checkpoints
+  // The page draws those saved before it loaded; each "checkpoint" message (and the checkpoints API,
+  // on each status message: at every connect) adds its row or replaces the row of the same step (a resumed
+  // attempt saves a step again). Rows in step order, each with "new run from this checkpoint" and,
+  // for the run's owner, a download of the folder as a tar.
+  function addCheckpoint(c) {
+    const panel = document.getElementById("checkpoints-panel");
+    const step = Number(c.step);
+    if (!panel || !Number.isInteger(step) || step < 0) return;
+    const links = [];
+    if (panel.dataset.download) {
+      links.push(" · ", el("a", { class: "checkpoint-download", download: "", href: `${panel.dataset.download}${step}/download/`, text: "download (tar)" }));
+    }
+    links.push(" · ", el("a", { class: "checkpoint-new-run", href: `${panel.dataset.newRun}${step}`, text: "new run from this checkpoint" }));
+    const row = el("li", { "data-step": String(step) }, `step ${step}: `, el("code", { text: String(c.path ?? "") }), ...links);
+    const list = document.getElementById("checkpoints");
+    document.getElementById("checkpoints-empty")?.remove();
+    const same = list.querySelector(`li[data-step="${step}"]`);
+    if (same) {
+      same.replaceWith(row);
+      return;
+    }
+    const later = [...list.children].find((r) => r.dataset.step && Number(r.dataset.step) > step);
+    list.insertBefore(row, later || null);
+  }
+
+  function loadCheckpoints() {
+    return getJSON("checkpoints/").then((items) => { for (const c of items) addCheckpoint(c); }, (err) => console.warn("checkpoints", err));
+  }
 
   // ---------------------------------------------------------------- placement
   // Where the run runs (host, GPUs of vLLM and of each trainer rank) and why a queued run waits;
@@ -285,17 +334,24 @@
     else if (msg.type === "status") {
       setStatus(msg);
       loadPlacement();
+      // The socket's first message (after each connect) is a status, sent once it follows the run:
+      // what was saved before it, since the page was drawn or while a dropped socket was down.
+      loadCheckpoints();
     } else if (msg.type === "event") {
       addEvent(msg);
       if (PLACEMENT_EVENTS.test(msg.message || "")) loadPlacement();
-    }
+    } else if (msg.type === "checkpoint") addCheckpoint(msg);
   }
 
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(`${scheme}://${location.host}${root.dataset.ws}`);
     const conn = document.getElementById("conn");
-    socket.onopen = () => {
+    // Live once the server has joined the run's group, which its first message (the status) says:
+    // the socket is open a little before that, and a step sent in between reaches the database and
+    // other sockets but not this one, so the backfill after a drop must start from here, not onopen.
+    let joined = false;
+    const onJoined = () => {
       conn.textContent = "live";
       conn.className = "conn live";
       if (state.everOpen) {
@@ -307,7 +363,14 @@
       state.everOpen = true;
       retryMs = 500;
     };
-    socket.onmessage = (ev) => handle(JSON.parse(ev.data));
+    socket.onmessage = (ev) => {
+      const msg = JSON.parse(ev.data);
+      if (!joined && msg.type === "status") {
+        joined = true;
+        onJoined();
+      }
+      handle(msg);
+    };
     socket.onclose = (ev) => {
       conn.className = "conn";
       if (ev.code === 4401 || ev.code === 4404) {
@@ -321,7 +384,7 @@
   }
 
   /** What a dropped socket missed: metrics and completions after the last step shown, events after
-   * the last event shown (the socket's status message on re-open brings the status). */
+   * the last event shown (the socket's status message on re-open brings the status and checkpoints). */
   async function backfill() {
     if (!state.historyLoaded) return; // the first history load is still under way and covers it
     // One step back: a step's completions may follow its metrics; duplicates replace, never add.

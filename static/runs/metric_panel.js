@@ -18,6 +18,7 @@ const GrpoMetricPanel = (() => {
   const SYNC_KEY = "grpo-run-charts";
   const STRONG = GrpoCharts.PALETTE[0];
   const FAINT = STRONG + "40"; // the raw series under a smoothed one: same colour, 25% alpha
+  const MARKER_COLORS = { attempt: { line: "#7a5af8", text: "#5925dc" }, metric: { line: "#0e9384", text: "#107569" } };
   const X_LABEL = { step: "step", wall: "wall time", relative: "time since first step" };
   const STORE = { collapsed: "grpo.charts.collapsed", log: "grpo.charts.log", smoothing: "grpo.charts.smoothing", x: "grpo.charts.x" };
 
@@ -28,7 +29,9 @@ const GrpoMetricPanel = (() => {
     stepTime: new Map(), // step -> unix seconds it was logged
     stepAttempt: new Map(), // step -> attempt that logged it
     firstTime: null, // time of the first logged step (relative axis origin)
-    markers: [], // [{step, attempt}]: first step of each attempt > 1
+    // [{step, label, kind}]: the first step of each attempt > 1 ("attempt"), and each step where a
+    // metric the catalogue declares with `marks` changes value ("metric": curriculum/level)
+    markers: [],
     markersDirty: false,
     smoothing: clampSmoothing(Kit.stored(STORE.smoothing, 0)),
     xMode: X_LABEL[Kit.stored(STORE.x, "step")] ? Kit.stored(STORE.x, "step") : "step",
@@ -197,6 +200,7 @@ const GrpoMetricPanel = (() => {
       namespace: declared ? declared.namespace : GrpoCharts.namespaceOf(name),
       view: null, // what the chart shows: {steps, xs, raw, smooth}
       distr: 1,
+      marks: Boolean(declared && declared.marks), // its changes are marked on every chart
     };
     state.series.set(name, s);
     log.addEventListener("click", () => toggleLog(s));
@@ -221,6 +225,7 @@ const GrpoMetricPanel = (() => {
       s.emaDone = 0; // an earlier value changed: the average is recomputed (rare: resumes)
     }
     s.dirty = true;
+    if (s.marks) state.markersDirty = true;
   }
 
   function setStep(step, time, attempt) {
@@ -237,15 +242,26 @@ const GrpoMetricPanel = (() => {
     }
   }
 
-  /** First step of each attempt after the first (where a resumed run starts again). */
+  /** The first step of each attempt after the first (where a resumed run starts again), and each step
+   * where a `marks` metric takes a new value (labelled by its name's last part: "level 2"). */
   function computeMarkers() {
     state.markersDirty = false;
     const first = new Map();
     for (const [step, attempt] of state.stepAttempt) {
       if (attempt > 1 && (!first.has(attempt) || step < first.get(attempt))) first.set(attempt, step);
     }
-    const markers = [...first].map(([attempt, step]) => ({ attempt, step })).sort((a, b) => a.step - b.step);
-    const key = (ms) => ms.map((m) => `${m.step}:${m.attempt}`).join(",");
+    const markers = [...first].map(([attempt, step]) => ({ step, label: `attempt ${attempt}`, kind: "attempt" }));
+    for (const s of state.series.values()) {
+      if (!s.marks) continue;
+      const word = s.name.slice(s.name.lastIndexOf("/") + 1);
+      for (let i = 1; i < s.steps.length; i++) {
+        if (s.values[i] !== s.values[i - 1] && s.values[i] !== null) {
+          markers.push({ step: s.steps[i], label: `${word} ${GrpoCharts.formatValue(s.values[i])}`, kind: "metric" });
+        }
+      }
+    }
+    markers.sort((a, b) => a.step - b.step || a.label.localeCompare(b.label));
+    const key = (ms) => ms.map((m) => `${m.step}:${m.label}`).join(",");
     if (key(markers) === key(state.markers)) return;
     state.markers = markers;
     container.dataset.markers = key(markers);
@@ -349,7 +365,9 @@ const GrpoMetricPanel = (() => {
         { label: "smoothed", stroke: STRONG, width: 1.75, spanGaps: true, points: { show: false }, show: state.smoothing > 0 },
       ],
       axes: [
-        { size: 28, space: axisMode() === "wall" ? 80 : axisMode() === "relative" ? 64 : 50, values: xValues(card) },
+        // steps are whole numbers: whole-step ticks only (the time axes keep uPlot's own spacings)
+        { size: 28, space: axisMode() === "wall" ? 80 : axisMode() === "relative" ? 64 : 50, values: xValues(card),
+          incrs: axisMode() === "step" ? GrpoCharts.INTEGER_INCRS : undefined },
         { size: Kit.axisSize, values: (u, ticks) => ticks.map(GrpoCharts.formatValue) },
       ],
       hooks: {
@@ -463,8 +481,6 @@ const GrpoMetricPanel = (() => {
     const ctx = u.ctx, dpr = window.devicePixelRatio || 1;
     const { left, top, width, height } = u.bbox;
     ctx.save();
-    ctx.strokeStyle = "#7a5af8";
-    ctx.fillStyle = "#5925dc";
     ctx.lineWidth = dpr;
     ctx.setLineDash([4 * dpr, 3 * dpr]);
     ctx.font = `${10 * dpr}px system-ui, sans-serif`;
@@ -473,11 +489,16 @@ const GrpoMetricPanel = (() => {
       if (x === null) continue;
       const px = Math.round(u.valToPos(x, "x", true));
       if (px < left || px > left + width) continue;
+      const colors = MARKER_COLORS[m.kind];
+      ctx.strokeStyle = colors.line;
+      ctx.fillStyle = colors.text;
       ctx.beginPath();
       ctx.moveTo(px, top);
       ctx.lineTo(px, top + height);
       ctx.stroke();
-      ctx.fillText(`attempt ${m.attempt}`, px + 3 * dpr, top + 10 * dpr);
+      // Attempts label the top of the plot, metric changes the bottom: both can sit on one step.
+      const y = m.kind === "attempt" ? top + 10 * dpr : top + height - 4 * dpr;
+      ctx.fillText(m.label, px + 3 * dpr, y);
     }
     ctx.restore();
   }

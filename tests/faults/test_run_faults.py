@@ -11,7 +11,8 @@ One run, two attempts (two vLLM starts are the slow part):
    training goes on and every step reaches Postgres once;
 3. ``kill -9`` of the vLLM server -> ``failed`` within ``DETECT_S`` naming the vLLM server; no orphans.
 
-These run after every other test (tests/conftest.py orders them last): they restart shared services.
+These restart Postgres and Redis: under ``make test`` their own (tests/private_services.py), beside
+the fast layer; run alone, the machine's (tests/conftest.py orders them after every other test).
 Other faults have their own tests: the rollout process killed (tests/test_rollout_live.py: named
 within ``rollout_worker_timeout``), a weight sync that cannot complete (tests/test_weight_sync.py:
 times out naming the server), the Celery worker killed (tests/test_runs_guard.py: the guard takes the
@@ -33,12 +34,15 @@ from django.db import connection
 
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, MetricPoint, Run, RunStatus
+from tests.private_services import pg_ctl, start_redis
 from worker.processes import group_members, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
 
 DETECT_S = 15.0  # supervisor poll (1 s) + stopping both groups (SIGTERM, grace, SIGKILL)
-MAX_STEPS = 40
+# Far more steps than the test reaches (each attempt ends with a kill, never at max_steps); small ones
+# (max_samples_per_row): the faults are under test, and their run shares the box with the fast layer.
+MAX_STEPS = 200
 RUN_DOC = {
     "model": "tiny",
     "train_dataset": "arithmetic",
@@ -47,6 +51,7 @@ RUN_DOC = {
         "max_steps": MAX_STEPS,
         "num_generations": 4,
         "max_completion_length": 16,
+        "max_samples_per_row": 16,
         "learning_rate": 2e-4,
         "save_steps": 2,
         "gradient_checkpointing": False,
@@ -93,35 +98,35 @@ def kill_and_time_detection(run_id: int, pgid: int) -> float:
     return time.monotonic() - killed
 
 
+# Under ``make test`` the faults run beside the heavy layer on services of their own
+# (tests/private_services.py names them in these variables); run alone, they restart the machine's.
+PRIVATE_PGDATA = os.environ.get("GRPO_FAULTS_PGDATA")
+REDIS_PORT = os.environ.get("GRPO_FAULTS_REDIS_PORT", "6379")
+
+
 def restart_postgres() -> None:
-    cluster = subprocess.run(
-        ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", cluster[0], cluster[1], "restart", "-m", "fast"],
-        check=True,
-        timeout=60,
-    )
+    if PRIVATE_PGDATA:
+        log = str(Path(PRIVATE_PGDATA).parent / "postgres.log")
+        subprocess.run(pg_ctl(PRIVATE_PGDATA, "-m", "fast", "-l", log, "restart"), check=True, timeout=90)
+    else:
+        cluster = subprocess.run(
+            ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", cluster[0], cluster[1], "restart", "-m", "fast"],
+            check=True,
+            timeout=60,
+        )
     connection.close()  # this process's connection died with the server
 
 
 def bounce_redis(down_s: float = 3.0) -> None:
     """Shut Redis down (no save: its data is gone, as after a crash) and start it again."""
-    subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], timeout=30)
+    subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", REDIS_PORT, "shutdown", "nosave"], timeout=30)
     time.sleep(down_s)
-    subprocess.run(
-        [
-            "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-            "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis" if Path("/var/lib/redis").is_dir() else "/tmp",
-        ],
-        check=True,
-        timeout=30,
-    )  # fmt: skip
-    wait_for(
-        lambda: subprocess.run(["redis-cli", "-p", "6379", "ping"], capture_output=True).returncode == 0,
-        timeout_s=30,
-        what="Redis to come back",
-    )
+    private_dir = os.environ.get("GRPO_FAULTS_REDIS_DIR")
+    machine_dir = "/var/lib/redis" if Path("/var/lib/redis").is_dir() else "/tmp"
+    start_redis(int(REDIS_PORT), Path(private_dir or machine_dir))
 
 
 def jsonl_steps(output_dir: str) -> dict[int, float]:

@@ -5,7 +5,8 @@ loop, the trainer's :class:`~trainer.rollout.process.RolloutWorkerHandle` and te
 loop in a thread (queues/events of ``queue``/``threading`` then) all take it whole.
 
 * ``rollout_buffer``: :class:`~trainer.rollout.types.GroupResult` per dispatched or filtered prompt;
-* ``metrics_queue``: ``{"metrics": MetricWindow.state(), "completions": [...]}`` every 0.5 s;
+* ``metrics_queue``: ``{"metrics": MetricWindow.state(), "completions": [...]}`` every 0.5 s (a kept
+  group takes the window recorded up to it along, in ``GroupResult.metrics``);
 * ``model_version_value`` (``'i'``): the trainer increments it after each weight sync;
 * ``token_allowance`` (``'d'``): the cumulative raw-token ceiling (see ``flow.StalenessGate``);
 * ``heartbeat_value`` (``'d'``): ``time.time()`` refreshed by the child every 0.25 s;

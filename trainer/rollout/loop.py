@@ -33,7 +33,7 @@ import itertools
 import os
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +66,7 @@ from trainer.rollout.groups import RolloutOutcome, build_group, completion_recor
 from trainer.rollout.multiturn import EnvironmentPool, environment_tools, run_tool_calls, tool_schema
 from trainer.rollout.pinning import AdapterPins, lora_adapter_name
 from trainer.rollout.rendering import ConversationRenderer
+from trainer.rollout.retirement import PromptRetirement
 from trainer.rollout.scoring import (
     GroupScore,
     ScoreQueue,
@@ -89,6 +90,7 @@ class _FinishedGroup:
     group: RolloutGroup
     rollouts: list[Rollout]
     reservation: float
+    prompt_key: int | None  # retirement's key of the row's prompt (None while retirement is off)
 
 
 class _Stop(Exception):
@@ -131,6 +133,7 @@ class AsyncRolloutLoop:
         dataset_start_index: int = 0,
         *,
         channels: RolloutChannels | None = None,
+        retired_rows: Iterable[int] = (),
     ) -> None:
         loose = (rollout_buffer, model_version_value, token_allowance, heartbeat_value, failed_event)
         loose += (exception_info_queue, metrics_queue)
@@ -168,6 +171,13 @@ class AsyncRolloutLoop:
         self.score_queue_maxsize = score_queue_maxsize
         self.lora_name = lora_name
         self.dataset_start_index = int(dataset_start_index)
+        # retire_saturated_prompts (an extension; getattr: a loop built for one hook needs no config)
+        retire_after = getattr(config, "retire_saturated_prompts", None)
+        num_rows = _rows_of(dataset)
+        retired = (
+            [(r, dict(dataset[r])) for r in retired_rows if 0 <= r < (num_rows or 0)] if retire_after else []
+        )
+        self.retirement = PromptRetirement(retire_after, num_rows, retired)
         self.pins = AdapterPins(channels.model_version_value, channels.oldest_pinned_version)
         self.window = MetricWindow()
         self.server: ServerSettings | None = None
@@ -431,6 +441,7 @@ class AsyncRolloutLoop:
             self.window.add(ROLLOUT_CONCURRENCY, self.admission.running)
             self.window.add(ROLLOUT_CONCURRENCY_CAP, self.admission.controller.cap)
             self._score_queue.record_size()
+            self.retirement.record_metrics(self.window)
             self.window.add_rate(
                 ROLLOUT_GENERATED_TOKENS_PER_S, self._generated_tokens, now - self._rate_started
             )
@@ -510,6 +521,11 @@ class AsyncRolloutLoop:
                     )
                 current_epoch, accepted_in_epoch, seen_in_epoch = epoch, 0, 0
                 epoch_complete = row_index == 0
+            prompt_key = self.retirement.key_of(row)
+            if self.retirement.skips(prompt_key):  # consumed, like a filtered prompt; not filter_prompt's
+                self._emit(GroupResult(position=position, row_index=row_index, group_id=-1, kind="filtered"))
+                await asyncio.sleep(0)
+                continue
             seen_in_epoch += 1
             accepted = self.filter_prompt(row_index, row, epoch)
             if inspect.isawaitable(accepted):
@@ -518,7 +534,7 @@ class AsyncRolloutLoop:
                 accepted_in_epoch += 1
                 reservation = await self._admit()
                 group_id = next(self._group_ids)
-                self._spawn(self._run_group(position, row_index, row, group_id, reservation))
+                self._spawn(self._run_group(position, row_index, row, prompt_key, group_id, reservation))
             else:
                 self._emit(GroupResult(position=position, row_index=row_index, group_id=-1, kind="filtered"))
                 await asyncio.sleep(0)  # a long run of rejections must not starve the heartbeat
@@ -545,7 +561,13 @@ class AsyncRolloutLoop:
 
     # ==== one group ==============================================================================
     async def _run_group(
-        self, position: int, row_index: int, row: dict[str, Any], group_id: int, reservation: float
+        self,
+        position: int,
+        row_index: int,
+        row: dict[str, Any],
+        prompt_key: int | None,
+        group_id: int,
+        reservation: float,
     ) -> None:
         dispatched = time.monotonic()
         version_box: list[int] = []
@@ -566,6 +588,7 @@ class AsyncRolloutLoop:
                 group=group,
                 rollouts=[o.rollout for o in outcomes],
                 reservation=reservation,
+                prompt_key=prompt_key,
             )
         )
 
@@ -613,6 +636,7 @@ class AsyncRolloutLoop:
                 f"compute_advantages returned shape {advantages.shape}; expected ({len(group.completions)},)"
             )
         samples_per_rollout = [len(s) for s in group.completions_sequences]
+        retired = self.retirement.record(group.row_index, item.prompt_key, score.rewards)
         record_reward_metrics(self.window, score, samples_per_rollout)
         record_completion_metrics(self.window, item.rollouts, self.renderer.eos_token_ids)
         samples: list[TrainingSequence] = []
@@ -636,9 +660,24 @@ class AsyncRolloutLoop:
                 kind="kept" if score.kept else "dropped",
                 samples=samples,
                 generated_tokens=queued_tokens,
+                retired=retired,
             )
         )
         self._publish_settled()
 
     def _emit(self, result: GroupResult) -> None:
+        result.restored_all = self.retirement.take_restored()
+        if result.kind == "kept" and self.window:
+            result.metrics = self.window.state()
+            self.window.clear()
         self.rollout_buffer.put(result)
+
+
+def _rows_of(dataset: Any) -> int | None:
+    """The dataset's row count; None for an ``IterableDataset`` or no dataset (environments' prompts)."""
+    if dataset is None:
+        return None
+    try:
+        return len(dataset)
+    except TypeError:
+        return None

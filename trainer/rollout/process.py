@@ -89,6 +89,7 @@ class RolloutWorkerHandle:
         self.timeout = timeout
         self.startup_error_path = startup_error_path
         self._stopped = False
+        self._carried: list[dict[str, Any]] = []  # windows that came with kept groups, not yet drained
         self._failure: str | None = None
 
     @property
@@ -163,7 +164,11 @@ class RolloutWorkerHandle:
             wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             try:
                 buffer = self.channels.rollout_buffer
-                return buffer.get(timeout=wait) if wait > 0 else buffer.get_nowait()
+                result = buffer.get(timeout=wait) if wait > 0 else buffer.get_nowait()
+                if result.metrics:  # the window up to this kept group: drained with the rest
+                    self._carried.append({"metrics": result.metrics})
+                    result.metrics = None
+                return result
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -173,8 +178,10 @@ class RolloutWorkerHandle:
                 raise
 
     def drain_metrics(self) -> list[dict[str, Any]]:
-        """Every metrics payload the worker sent since the last call (oldest first)."""
-        payloads = []
+        """Every metrics payload the worker sent since the last call: the windows kept groups took
+        along (``GroupResult.metrics``, in the order :meth:`get` returned them), then those flushed
+        to ``metrics_queue``."""
+        payloads, self._carried = self._carried, []
         while True:
             try:
                 payloads.append(self.channels.metrics_queue.get_nowait())

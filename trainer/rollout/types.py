@@ -132,6 +132,12 @@ class GroupResult:
         samples: the kept group's training sequences (advantage set); empty otherwise.
         generated_tokens: tokens this group added to the queue/in-flight accounting (raw, unpacked:
             ``sum(len(s.input_ids))`` of its samples for kept groups, 0 otherwise).
+        retired: this group retired its prompt (``retire_saturated_prompts``, rollout/retirement.py).
+        restored_all: every retired prompt came back before this result (all had been retired).
+        metrics: a kept group carries the rollout process's metric window (``MetricWindow.state()``,
+            everything recorded since the last flush, this group's scores included), so the step
+            that trains on it logs them; the 0.5 s flush to ``metrics_queue`` could reach the
+            trainer only after that step's log. None for dropped and filtered groups.
     """
 
     position: int
@@ -140,3 +146,6 @@ class GroupResult:
     kind: str
     samples: list[TrainingSequence] = field(default_factory=list)
     generated_tokens: int = 0
+    retired: bool = False
+    restored_all: bool = False
+    metrics: dict[str, Any] | None = None

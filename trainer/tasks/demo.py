@@ -25,16 +25,31 @@ UNSEEN_LEVELS: tuple[int, ...] = tuple(i for i, (_, da, db) in enumerate(LEVELS)
 #   trie, so the default budget (the server's 1,024) packed up to 2,700 samples into one step and a
 #   step waited ~10-40 s for them; 256 keeps steps near 1.5 s, so the curve moves every few seconds;
 # * ``learning_rate: 1e-3``: the rise within ~40 steps (5e-4 was flat on this task mix).
+# Measured by ``python -m bench.demo_pace`` (docs/benchmarks.md, "Demo pace"): served as one mix, the
+# facts were learned within ~2 minutes and then most groups were all-correct and dropped, so each
+# step waited for two to three times the generation, and converged completions (shared once in the
+# token budget) packed hundreds of samples into a row: 1.6 s per step in the first minute, 18 s by
+# the ninth. Hence:
+# * ``loop_cls``: a curriculum over the task's levels (+, -, x), the spec's ``loop_cls`` hook
+#   (:mod:`trainer.tasks.curriculum`): the run trains where its groups still disagree;
+# * ``max_samples_per_row: 32``: a row closes at 32 samples however much they share;
+# * ``retire_saturated_prompts: 2``: in the review stage (every level again, once each is passed) most
+#   problems are mastered and their groups all-correct; a problem whose groups were twice in a row
+#   all-equal is skipped from then on (rows are told apart by their prompt, and the ~55 problems
+#   recur across the 4,000 rows), so generation goes to the problems still being learned.
 DEMO_RUN: dict = {
     "model": "tiny",
     "train_dataset": "arithmetic-unseen",
     "reward_funcs": ["trainer.rewards.accuracy_reward"],
+    "loop_cls": "trainer.tasks.curriculum.LevelCurriculumLoop",
     "args": {
         "max_steps": 200,
         "num_generations": 8,
         "max_completion_length": 24,
         "learning_rate": 1e-3,
         "token_budget": 256,
+        "max_samples_per_row": 32,
+        "retire_saturated_prompts": 2,
         "max_staleness": 2,
         "log_completions": True,
         "save_steps": 50,

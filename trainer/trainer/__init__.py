@@ -40,6 +40,7 @@ from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_lm_head
 from trainer.host import main_process_value, share_cpu_with_local_server, write_rank_layout
+from trainer.interrupt import interrupt_requested
 from trainer.loss import LossConfig, packed_row_loss
 from trainer.metrics import (
     AUX_LOSS,
@@ -78,7 +79,12 @@ from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.multiturn import tool_name
 from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
-from trainer.rollout_state import read_rollout_counters, read_rollout_state, write_rollout_state
+from trainer.rollout_state import (
+    read_retired_rows,
+    read_rollout_counters,
+    read_rollout_state,
+    write_rollout_state,
+)
 from trainer.server_checks import pick_served_model, served_models, wait_for_server
 from trainer.sinks import JsonlSink, Sink
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
@@ -163,12 +169,15 @@ class AsyncGRPOTrainer(Trainer):
         self._window = MetricWindow()
         self._pending_completions: list[dict] = []
         self.sinks: list[Sink] = list(sinks) if sinks is not None else [JsonlSink(args.output_dir)]
+        # The step at whose end an interrupt request was honoured (trainer/interrupt.py), else None.
+        self.interrupted_at: int | None = None
         self._handle: RolloutWorkerHandle | None = None
         self._sync_client: WeightSyncClient | None = None
         self._lora: LoraPublisher | None = None  # main process, adapter-only sync
         self._sync_adapter_only = False  # every process
         self._feed: RolloutFeed | None = None
         self._start_position = 0
+        self._retired_rows: list[int] = []
         self._resumed_counters: dict[str, float] = {}
         self._model_version = 0
         self._num_tokens = 0.0
@@ -201,6 +210,7 @@ class AsyncGRPOTrainer(Trainer):
         self._start_position = read_rollout_state(checkpoint) if checkpoint else 0
         # Totals so far (num_tokens, the epoch's consumed prompts) continue from the checkpoint.
         self._resumed_counters = read_rollout_counters(checkpoint) if checkpoint else {}
+        self._retired_rows = read_retired_rows(checkpoint) if checkpoint else []
         self._num_tokens = self._resumed_counters.get("num_tokens", 0.0)
         if self.rollout_dataset is not None and not hasattr(self.rollout_dataset, "__len__"):
             self._start_position = 0  # an IterableDataset cannot seek: restart from its first prompt
@@ -271,6 +281,7 @@ class AsyncGRPOTrainer(Trainer):
                 window=self._window,
                 rank=self.accelerator.process_index,
                 min_shared_tokens=self.args.tree_min_shared_tokens,
+                max_samples_per_row=self.args.max_samples_per_row,
                 idle_log_s=self.args.idle_log_s,
                 dropped_groups_warning=self.args.dropped_groups_warning,
             )
@@ -324,7 +335,9 @@ class AsyncGRPOTrainer(Trainer):
             environment_factory=self.environment_factory,
             dataset_start_index=self._start_position,
             lora_name=self._lora.lora_name if self._lora is not None else None,
+            retired_rows=self._retired_rows,
         )
+        self._feed.retired_rows = set(self._retired_rows) if args.retire_saturated_prompts else set()
         self._feed.attach(
             self._next_group,
             token_budget,
@@ -477,13 +490,18 @@ class AsyncGRPOTrainer(Trainer):
                     control.should_training_stop = True
                     # The last epoch's end saves a checkpoint, as reaching max_steps does.
                     control.should_save = self.args.save_strategy != SaveStrategy.NO
-        # The main process alone sees the epoch's end: every rank must stop (and save: the save is
-        # collective, FSDP's state dict gather and transformers' flops all-gather) on its word.
-        control.should_training_stop, control.should_save = main_process_value(
-            (control.should_training_stop, control.should_save)
+            if interrupt_requested(self.args.output_dir):
+                # Asked to stop (trainer/interrupt.py): checkpoint this step, whatever save_strategy says.
+                control.should_training_stop = control.should_save = True
+                self.interrupted_at = state.global_step
+        # The main process alone sees the epoch's end and an interrupt: every rank must stop (and
+        # save: the save is collective, FSDP's state dict gather and transformers' flops all-gather)
+        # on its word.
+        control.should_training_stop, control.should_save, self.interrupted_at = main_process_value(
+            (control.should_training_stop, control.should_save, self.interrupted_at)
         )
-        if state.global_step % self.args.weight_sync_steps == 0:
-            self._sync_weights()
+        if self.interrupted_at is None and state.global_step % self.args.weight_sync_steps == 0:
+            self._sync_weights()  # not on the way out: the next attempt pushes its weights first
         self._step_started = time.perf_counter()
 
     def _record_perf(self, report: dict[str, float], now: float) -> None:
@@ -599,7 +617,13 @@ class AsyncGRPOTrainer(Trainer):
                 Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
             counters = {"num_tokens": self._num_tokens, "consumed_prompts": self._feed.positions.consumed}
-            write_rollout_state(folder, self._feed.positions.next_untrained, self.rollout_dataset, counters)
+            write_rollout_state(
+                folder,
+                self._feed.positions.next_untrained,
+                self.rollout_dataset,
+                counters,
+                retired_rows=self._feed.retired_rows,
+            )
             self._emit("checkpoint", self.state.global_step, str(folder))
 
 

@@ -14,11 +14,17 @@ The data moves over NCCL (``backend="nccl"``, vLLM's built-in engine, GPU) or gl
 (``backend="gloo"``, :mod:`trainer.weight_sync.cpu_engine`, a CPU server). Every HTTP call and every
 collective wait is bounded by ``timeout``; a failure raises :class:`WeightSyncError` naming the server URL.
 The server needs ``VLLM_SERVER_DEV_MODE=1`` and ``--weight-transfer-config '{"backend": ...}'``.
+
+A trainer killed inside a round (SIGKILL, a lost host) leaves the server paused with its update still
+open: vLLM then refuses a new ``/start_weight_update`` and a ``/resume`` alone serves from layers
+still on the meta device (the engine dies). :func:`close_abandoned_round` finishes such a round and
+resumes; :meth:`WeightSyncClient.init` calls it, so the next trainer on a named server mends it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +44,8 @@ from trainer.metrics import (
 from trainer.weight_sync import gloo
 from trainer.weight_sync.wire_format import TensorMeta, iter_bucket_tensors, update_info
 
+logger = logging.getLogger(__name__)
+
 BACKENDS = ("gloo", "nccl")
 # Spellings of the same dtype across torch, vLLM's --dtype and the trainer config.
 _DTYPE_ALIASES = {
@@ -51,6 +59,33 @@ _DTYPE_ALIASES = {
 
 class WeightSyncError(RuntimeError):
     """A weight-sync step failed or timed out; the message names the server URL and the step."""
+
+
+def close_abandoned_round(base_url: str, timeout: float = 30.0) -> bool:
+    """If the server at ``base_url`` is paused, finish any open weight update and resume it.
+
+    Returns True if it was paused (and is now resumed). ``/finish_weight_update`` finalises the
+    layerwise reload of an update that was started and never finished, putting every layer back on
+    its device with the weights it holds; on a server with no open update vLLM answers it with an
+    error, which is expected here and ignored. Raises :class:`WeightSyncError` if the server cannot
+    say whether it is paused or refuses to resume.
+    """
+    url = base_url.rstrip("/")
+    try:
+        response = httpx.get(f"{url}/is_paused", timeout=timeout)
+        response.raise_for_status()
+        paused = bool(response.json().get("is_paused"))
+    except (httpx.HTTPError, ValueError) as exc:
+        raise WeightSyncError(f"GET {url}/is_paused failed: {type(exc).__name__}: {exc}") from exc
+    if not paused:
+        return False
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{url}/finish_weight_update", timeout=timeout)
+    try:
+        httpx.post(f"{url}/resume", timeout=timeout).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"POST {url}/resume failed: {type(exc).__name__}: {exc}") from exc
+    return True
 
 
 def _get_json(base_url: str, path: str, timeout: float) -> Any:
@@ -192,6 +227,12 @@ class WeightSyncClient:
         """
         with self._lock:
             self._connected = False
+            if close_abandoned_round(self.base_url, min(self.timeout, 30.0)):
+                logger.warning(
+                    "%s was paused (a trainer stopped inside a weight-sync round): finished that round "
+                    "and resumed it",
+                    self.base_url,
+                )
             if self.backend is None:
                 self.backend = server_backend(server_info(self.base_url, self.timeout))
                 if self.backend not in BACKENDS:

@@ -24,6 +24,7 @@ from controlplane.runs.services.lifecycle import (
     SUPERVISE_TASK,
     IdempotencyKeyReused,
     QueuedRunsLimit,
+    RunCreateRateLimit,
     RunStateError,
     run_config_validate,
     run_create,
@@ -40,6 +41,7 @@ from controlplane.runs.services.lifecycle import (
     run_status_transition,
     run_stop,
     runs_fail_stale,
+    runs_resume_interrupted,
 )
 from controlplane.runs.services.preferences import chart_preference_update
 from controlplane.runs.services.stream import (
@@ -58,6 +60,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "PlacementWait",
     "QueuedRunsLimit",
+    "RunCreateRateLimit",
     "RunStateError",
     "demo_config",
     "demo_run_start",
@@ -84,5 +87,6 @@ __all__ = [
     "run_status_transition",
     "run_stop",
     "runs_fail_stale",
+    "runs_resume_interrupted",
     "token_issue",
 ]

@@ -203,9 +203,18 @@ def completion_samples_ingest(
 
 
 def checkpoint_record(*, run_id: int, step: int, path: str) -> Checkpoint:
-    """Record (or re-record, after a resume) the checkpoint the trainer saved at ``step``."""
+    """Record (or re-record, after a resume) the checkpoint the trainer saved at ``step``, and
+    publish ``{"type": "run.checkpoint", "step", "path", "created_at"}`` once committed (the run
+    page adds or replaces its row)."""
     checkpoint, _ = Checkpoint.objects.update_or_create(run_id=run_id, step=step, defaults={"path": path})
     _event_create(run_id, RunEventKind.INFO, f"checkpoint saved at step {step}: {path}")
+    message = {
+        "type": "run.checkpoint",
+        "step": checkpoint.step,
+        "path": checkpoint.path,
+        "created_at": checkpoint.created_at.isoformat(),
+    }
+    transaction.on_commit(lambda: _message_publish(run_id, message))
     return checkpoint
 
 

@@ -19,12 +19,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane.access.services import token_issue  # noqa: F401  (the runs API's callers issue tokens here)
+from controlplane.runs.launch_checks import run_launch_errors
 from controlplane.runs.models import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
@@ -41,6 +43,7 @@ from controlplane.runs.services.stream import (
     run_status_publish,
 )
 from controlplane.runs.validation import run_document_validate
+from trainer.run_config import RunConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,23 @@ class QueuedRunsLimit(RunStateError):
     """The owner already has ``GRPO_MAX_QUEUED_RUNS_PER_USER`` runs waiting (the API answers 429)."""
 
 
+class RunCreateRateLimit(RunStateError):
+    """The owner created ``GRPO_RUN_CREATE_RATE`` runs within its window (the API answers 429)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+_RATE_PERIODS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def create_rate() -> tuple[int, int]:
+    """``GRPO_RUN_CREATE_RATE`` (DRF's syntax, ``"30/min"``) as (runs, window in seconds)."""
+    count, _, period = settings.GRPO_RUN_CREATE_RATE.partition("/")
+    return int(count), _RATE_PERIODS_S[period.strip()[:1]]
+
+
 def run_create(
     *, owner: Any, config: dict, name: str = "", idempotency_key: str = "", launch: bool = True
 ) -> tuple[Run, bool]:
@@ -73,21 +93,16 @@ def run_create(
     with ``created=False`` (a retried POST never makes a second run). Raises
     :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
     """
-    run_config_validate(config=config)
+    run_config_validate(config=config, owner=owner)
     key = idempotency_key.strip()[:255]
     digest = _config_sha256(config) if isinstance(config, dict) else ""
     if key:
         existing = Run.objects.filter(owner=owner, idempotency_key=key).first()
         if existing is not None:
             return _idempotent_replay(existing, digest), False
-    queued = Run.objects.filter(owner=owner, status=RunStatus.QUEUED).count()
-    if queued >= settings.GRPO_MAX_QUEUED_RUNS_PER_USER:
-        raise QueuedRunsLimit(
-            f"you have {queued} queued runs (GRPO_MAX_QUEUED_RUNS_PER_USER = "
-            f"{settings.GRPO_MAX_QUEUED_RUNS_PER_USER}); stop some or wait for them to start"
-        )
     try:
         with transaction.atomic():
+            _creation_limits_check(owner)
             run = Run.objects.create(
                 owner=owner,
                 name=(name.strip() or _default_name(config))[:200],
@@ -107,15 +122,52 @@ def run_create(
     return run, True
 
 
-def run_config_validate(*, config: Any) -> dict:
+def _creation_limits_check(owner: Any) -> None:
+    """The per-user limits of creation, made under a lock on the owner's row (inside the caller's
+    transaction), so that they hold for any number of parallel requests: no more than
+    ``GRPO_MAX_QUEUED_RUNS_PER_USER`` queued runs, no more than ``GRPO_RUN_CREATE_RATE`` created
+    in its window. A read-then-write without the lock let 40 of 40 parallel creations through a
+    30/min limit (issue 29 item 1)."""
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+    queued = Run.objects.filter(owner=owner, status=RunStatus.QUEUED).count()
+    if queued >= settings.GRPO_MAX_QUEUED_RUNS_PER_USER:
+        raise QueuedRunsLimit(
+            f"you have {queued} queued runs (GRPO_MAX_QUEUED_RUNS_PER_USER = "
+            f"{settings.GRPO_MAX_QUEUED_RUNS_PER_USER}); stop some or wait for them to start"
+        )
+    limit, window_s = create_rate()
+    since = timezone.now() - timedelta(seconds=window_s)
+    recent = list(
+        Run.objects.filter(owner=owner, created_at__gte=since)
+        .order_by("created_at")[:limit]
+        .values_list("created_at", flat=True)
+    )
+    if len(recent) >= limit:
+        retry_after = max(1, int((recent[0] - since).total_seconds()) + 1)
+        raise RunCreateRateLimit(
+            f"you created {limit} runs in the last {window_s} s (GRPO_RUN_CREATE_RATE = "
+            f"{settings.GRPO_RUN_CREATE_RATE}); try again in {retry_after} s",
+            retry_after,
+        )
+
+
+def run_config_validate(*, config: Any, owner: Any = None) -> dict:
     """Check an untrusted RUN.yaml document against the run schema and the control plane's rules
-    (:func:`~controlplane.runs.validation.run_document_validate`, no transformers import); return it.
+    (:func:`~controlplane.runs.validation.run_document_validate`, no transformers import), then, once
+    those pass, make the checks its launch would make on the model and the vLLM server it will use
+    (:func:`~controlplane.runs.launch_checks.run_launch_errors`: the trainer's config, the context
+    length, the token budget, the dataset, the named server); return it.
 
     Raises :class:`~trainer.run_config.RunConfigError` with every problem, ``{field path: message}``.
     :func:`run_create` calls it; the run form calls it alone when some of its own fields did not
-    clean (nothing is created then), so that every error shows at once.
+    clean (nothing is created then), so that every error shows at once. ``owner``, the user who
+    creates the run, may name a checkpoint of their own runs as the model.
     """
-    return run_document_validate(document=config)
+    document = run_document_validate(document=config, owner=owner)
+    errors = run_launch_errors(document=document)
+    if errors:
+        raise RunConfigError(errors)
+    return document
 
 
 def run_launch(*, run: Run) -> Run:
@@ -195,10 +247,10 @@ def run_stop(*, run: Run) -> Run:
 
 
 def run_resume(*, run: Run) -> Run:
-    """Start a new attempt of a failed or stopped run; the supervisor resumes from the latest
-    checkpoint in the run's output directory (or starts over when there is none)."""
+    """Start a new attempt of a failed, stopped or interrupted run; the supervisor resumes from the
+    latest checkpoint in the run's output directory (or starts over when there is none)."""
     if run.status not in RESUMABLE_STATUSES:
-        raise RunStateError(f"run {run.pk} is {run.status}; only failed or stopped runs can be resumed")
+        raise RunStateError(f"run {run.pk} is {run.status}; {_RESUMABLE_TEXT}")
     with transaction.atomic():
         changed = run_status_transition(
             run_id=run.pk,
@@ -218,10 +270,35 @@ def run_resume(*, run: Run) -> Run:
         )
         if not changed:
             run.refresh_from_db()
-            raise RunStateError(f"run {run.pk} is {run.status}; only failed or stopped runs can be resumed")
+            raise RunStateError(f"run {run.pk} is {run.status}; {_RESUMABLE_TEXT}")
         run.refresh_from_db()
         run_launch(run=run)
     return run
+
+
+_RESUMABLE_TEXT = "only failed, stopped or interrupted runs can be resumed"
+
+
+def runs_resume_interrupted(*, worker_host: str, queues: list[str]) -> list[int]:
+    """Resume the runs that a shutdown of a worker on ``worker_host`` interrupted and whose pool is
+    one of ``queues`` (a worker consuming them has just started); returns their ids.
+
+    Called at a worker's start when ``GRPO_RESUME_INTERRUPTED`` is on, so that ``make run`` after a
+    Ctrl-C continues its demo run from the checkpoint the shutdown saved. Each resume is its own
+    transaction; a run another worker resumed first is left to it.
+    """
+    resumed = []
+    candidates = Run.objects.filter(status=RunStatus.INTERRUPTED, worker_host=worker_host).order_by("pk")
+    for run in candidates:
+        if run_queue(run=run) not in queues:
+            continue
+        try:
+            run_resume(run=run)
+        except RunStateError:
+            continue
+        _event(run.pk, RunEventKind.INFO, f"resumed automatically: a worker on {worker_host} started")
+        resumed.append(run.pk)
+    return resumed
 
 
 def run_processes_record(*, run_id: int, vllm_pid: int | None = None, trainer_pid: int | None = None) -> None:
@@ -279,7 +356,8 @@ def run_finish(
     trainer_exit_code: int | None = None,
     vllm_exit_code: int | None = None,
 ) -> bool:
-    """Record the end of an attempt: ``completed``, ``failed`` (with a reason) or ``stopped``."""
+    """Record the end of an attempt: ``completed``, ``failed`` (with a reason), ``stopped`` or
+    ``interrupted`` (its reason goes in the event only: ``failure_reason`` is for failures)."""
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"{status!r} is not a terminal status")
     if status == RunStatus.FAILED and not failure_reason:

@@ -3,7 +3,7 @@
 Migrates, starts the ASGI web server (daphne) and a Celery worker, prints the dashboard URL as soon
 as the web answers, then starts the demo run (whose page shows the model being prepared and the
 vLLM server starting as events). Ctrl-C / SIGTERM / SIGHUP stop everything it started within
-``STOP_DEADLINE_S``.
+:func:`stop_deadline_s` (the demo run is left ``interrupted``, and resumes at the next start).
 
 Stopping promptly, whoever is signalled:
 
@@ -30,15 +30,38 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from controlplane.core.web_server import daphne_args
 from worker.processes import ManagedProcess, caught_signals, http_ok, process_name
 
-# Everything started is gone within this many seconds of a stop (SIGTERM to every process group at
-# once, SIGKILL to what is left at the deadline). The run supervisor inside the worker ends its vLLM
-# server and trainer within GRPO_STOP_GRACE_S of the SIGTERM.
-STOP_DEADLINE_S = 15.0
+
+def stop_deadline_s() -> float:
+    """Everything started is gone within this many seconds of a stop (SIGTERM to every process group
+    at once, SIGKILL to what is left at the deadline). Inside the worker each live run's trainer gets
+    GRPO_STOP_GRACE_S to save a checkpoint, then its vLLM server and trainer get as long again to
+    exit, and the run is recorded ``interrupted``: two graces and 5 s for the records."""
+    return 2 * settings.GRPO_STOP_GRACE_S + 5.0
+
+
 WEB_START_TIMEOUT_S = 60.0
 POLL_S = 0.25
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def output_line_buffered(*streams: object) -> None:
+    """Each line printed reaches a pipe or a file at once (``make run > log``, ``| tee``), not when
+    the block buffer fills or the process exits: the dashboard and demo URLs are in the log while the
+    stack runs. Python line-buffers only a terminal unless PYTHONUNBUFFERED is set. Default: stdout
+    and stderr (streams without ``reconfigure``, e.g. a test's StringIO, are left alone)."""
+    for stream in streams or (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the processes runstack starts: its own, with PYTHONUNBUFFERED=1 so that
+    their logs (``var/log/*.log``) are written as they happen, too."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 class ParentWatch:
@@ -75,6 +98,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="do not start the demo run")
 
     def handle(self, *args, **opts):
+        output_line_buffered()
         started = time.monotonic()
         self.stop_reason: str | None = None
         self.watch = ParentWatch()
@@ -90,7 +114,9 @@ class Command(BaseCommand):
         logs = settings.BASE_DIR / "var" / "log"
         processes = [
             self._guarded(
-                "web", ["-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"], logs
+                "web",
+                daphne_args(host=host, port=port),
+                logs,
             ),
             self._guarded(
                 "worker",
@@ -130,7 +156,7 @@ class Command(BaseCommand):
             self._wait(lambda: False, None, processes)
         finally:
             self.stdout.write(f"stopping web and worker ({self.stop_reason or 'exiting'})...")
-            stop_together(processes, deadline_s=STOP_DEADLINE_S)
+            stop_together(processes, deadline_s=stop_deadline_s())
             self.stdout.write("stopped")
         return None
 
@@ -139,7 +165,9 @@ class Command(BaseCommand):
     def _guarded(name: str, argv: list[str], logs: Path) -> ManagedProcess:
         """``python ARGV`` under ``worker.guard``, which takes it down if runstack dies."""
         guard = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", sys.executable]
-        return ManagedProcess(name, guard + argv, cwd=settings.BASE_DIR, log_path=logs / f"{name}.log")
+        return ManagedProcess(
+            name, guard + argv, env=child_env(), cwd=settings.BASE_DIR, log_path=logs / f"{name}.log"
+        )
 
     def _wait(self, done, timeout_s: float | None, processes: list[ManagedProcess]) -> bool:
         """Poll until ``done()``; False when a stop was asked for or a child exited first."""
@@ -166,6 +194,7 @@ class Command(BaseCommand):
         builder = ManagedProcess(
             "tiny",
             [sys.executable, "-c", prepare],
+            env=child_env(),
             cwd=settings.BASE_DIR,
             log_path=logs / "tiny.log",
         ).start()

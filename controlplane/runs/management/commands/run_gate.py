@@ -9,6 +9,8 @@ reaches the threshold::
 
 Exit status: 0 the threshold is met; 1 it is not; 2 the run did not complete (failed, stopped,
 config rejected, metric never logged, API error); 3 timed out (a run the gate created is stopped).
+An ``interrupted`` run (its worker was shut down) is waited for: it resumes from its checkpoint when
+a worker of its host starts.
 Only HTTP is used (no database access), so it runs anywhere the API is reachable.
 """
 
@@ -28,7 +30,7 @@ from trainer.metrics import REWARD
 from trainer.run_config import RunConfigError, read_run_file
 
 EXIT_PASS, EXIT_BELOW, EXIT_RUN, EXIT_TIMEOUT = 0, 1, 2, 3
-TERMINAL = ("completed", "failed", "stopped")
+TERMINAL = ("completed", "failed", "stopped")  # not "interrupted": it goes on when its worker is back
 
 
 class GateError(Exception):

@@ -1,10 +1,11 @@
 """The Celery worker killed (``kill -9`` of its whole process tree) while it supervises a run, then a
 new worker resumes the run.
 
-A dedicated worker (its own queue) takes the run; once the run is past its first checkpoint, every
-process of the worker gets SIGKILL, as when its machine or container dies. Then:
+A dedicated worker (its own queue) takes the run, on the session's vLLM server (the per-run server's
+group going down with its supervisor is tests/faults/test_run_faults.py's); once the run is past its
+first checkpoint, every process of the worker gets SIGKILL, as when its machine or container dies. Then:
 
-* the run's process groups go down with it (each child's ``worker.guard`` sees its parent vanish),
+* the trainer's process group goes down with it (its ``worker.guard`` sees its parent vanish),
   and the run is marked ``failed`` naming the lost worker once its heartbeat is
   ``GRPO_RUN_STALE_AFTER_S`` old, on the next read (the API, the pages, the periodic check);
 * resumed by a new worker, what the trainer wrote reaches Postgres once, from the byte offsets the
@@ -27,11 +28,11 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunFileCursor, RunStatus
-from tests.conftest import start_celery_worker
+from tests.conftest import SESSION_SERVERS_ENV, start_celery_worker
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
 from worker.processes import descendants, group_members, wait_for
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # not `faults`: it restarts no shared service
 
 MAX_STEPS = 6
 STALE_AFTER_S = 6.0
@@ -57,6 +58,19 @@ def environment_names(pid: int) -> set[str]:
         return {entry.split(b"=", 1)[0].decode() for entry in fh.read().split(b"\0") if entry}
 
 
+def jsonl_values(path: Path, name: str) -> dict[int, float]:
+    """step -> value of ``name`` as the trainer wrote them to metrics.jsonl (a re-done step's last write wins)."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # the line the kill cut
+        if name in row:
+            rows[int(row["step"])] = float(row[name])
+    return rows
+
+
 def completion_rows_expected(path: Path, boundary: int) -> int:
     """Rows the database must hold for the file: per attempt (bytes before/after ``boundary``),
     consecutive lines of a step are one block; a step keeps its longest block (re-done steps
@@ -77,21 +91,22 @@ def completion_rows_expected(path: Path, boundary: int) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_loses_no_step(
-    django_db_setup, tiny_model_dir, tmp_path, monkeypatch
+    django_db_setup, tiny_model_dir, session_server, tmp_path, monkeypatch
 ):
     queue = f"restart-{os.getpid()}"
     monkeypatch.setattr(settings, "GRPO_RUNS_QUEUE", queue)
     monkeypatch.setattr(settings, "GRPO_RUN_STALE_AFTER_S", STALE_AFTER_S)
     owner = get_user_model().objects.create_user(username="worker-restart")
-    worker = start_celery_worker(queue, tmp_path / "worker-1.log", concurrency=1)
+    worker = start_celery_worker(queue, tmp_path / "worker-1.log", concurrency=1, env=SESSION_SERVERS_ENV)
     try:
-        run, _ = services.run_create(owner=owner, name="worker restarted", config=RUN_DOC)
+        config = {**RUN_DOC, "resources": {"server": session_server}}
+        run, _ = services.run_create(owner=owner, name="worker restarted", config=config)
         # Mid-run: its first checkpoint recorded and a step past it stored.
         wait_for(
             lambda: (
                 (
                     Checkpoint.objects.filter(run_id=run.pk).exists()
-                    and MetricPoint.objects.filter(run_id=run.pk, name="reward", step__gte=3).exists()
+                    and MetricPoint.objects.filter(run_id=run.pk, name="loss", step__gte=3).exists()
                 )
                 or Run.objects.get(pk=run.pk).is_terminal
             ),
@@ -106,7 +121,8 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
         for pid in members:
             leaked = environment_names(pid) & {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
             assert not leaked, (pid, leaked, Path(f"/proc/{pid}/cmdline").read_bytes()[:300])
-        groups = [run.vllm_pid, run.trainer_pid]
+        assert run.vllm_pid is None  # the named server is not the run's
+        groups = [run.trainer_pid]
         own = [pid for pid in [worker.pid, *descendants(worker.pid)] if os.getpgid(pid) not in groups]
         assert len(own) >= 2  # the worker's main process and the pool child running the supervisor
         for pid in own:
@@ -135,7 +151,7 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
     out = Path(run.output_dir)
     boundary = (out / COMPLETIONS_FILE).stat().st_size  # attempt 1's lines end here
 
-    worker = start_celery_worker(queue, tmp_path / "worker-2.log", concurrency=1)
+    worker = start_celery_worker(queue, tmp_path / "worker-2.log", concurrency=1, env=SESSION_SERVERS_ENV)
     try:
         services.run_resume(run=Run.objects.get(pk=run.pk))
         wait_for(lambda: Run.objects.get(pk=run.pk).is_terminal, timeout_s=480, what="the resumed run")
@@ -143,8 +159,14 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
         worker.stop(grace_s=15)
     run = Run.objects.get(pk=run.pk)
     assert run.status == RunStatus.COMPLETED and run.attempt == 2, (run.status, run.failure_reason)
-    steps = list(MetricPoint.objects.filter(run_id=run.pk, name="reward").values_list("step", flat=True))
-    assert sorted(steps) == list(range(1, MAX_STEPS + 1))  # each step once
+    # Each step once: the trainer logs loss at every step. Rollout-side metrics (reward) are logged in
+    # a window only if a group finished scoring in it (the spec's rule), so a step may lack reward in
+    # the file too: the database holds exactly the file's (last attempt's) reward steps and values.
+    steps = list(MetricPoint.objects.filter(run_id=run.pk, name="loss").values_list("step", flat=True))
+    assert sorted(steps) == list(range(1, MAX_STEPS + 1))
+    stored = MetricPoint.objects.filter(run_id=run.pk, name="reward").values_list("step", "value")
+    assert len(stored) == len(dict(stored))
+    assert dict(stored) == pytest.approx(jsonl_values(out / METRICS_FILE, "reward"))
     assert CompletionSample.objects.filter(run_id=run.pk).count() == completion_rows_expected(
         out / COMPLETIONS_FILE, boundary
     )
