@@ -21,6 +21,7 @@ from trainer.rollout.scoring import (
     check_picklable,
     is_zero_std,
     record_reward_metrics,
+    spread,
     standardize,
     sum_rewards,
 )
@@ -150,6 +151,20 @@ def test_rewards_sum_sources_and_exclude_none():
     assert is_zero_std(np.array([1.0, math.nan, math.nan]))  # fewer than two scored
     assert not is_zero_std(np.array([1.0, 0.0, math.nan]))
     assert standardize(np.array([2.0, 2.0])).tolist() == [0.0, 0.0]
+
+
+def test_equal_rewards_whose_float_mean_rounds_are_dropped_with_zero_advantage():
+    """Three rewards of 0.4: np.std is ~5e-17, not 0 (the mean rounds up). The group is all-equal, so
+    it is dropped, and were it trained its advantages would be 0, never +-1 on no signal. (A CI run
+    trained such a group: advantages summing to -3.)"""
+    rewards = np.array([0.4, 0.4, 0.4, math.nan])
+    assert float(np.std(rewards[:3])) != 0.0  # the float fact the rule must not depend on
+    assert is_zero_std(rewards)
+    assert standardize(rewards).tolist() == [0.0, 0.0, 0.0, 0.0]
+    for value in (0.1, 0.7, 1.4, 2.7, 3.3):
+        assert is_zero_std(np.array([value] * 3)), value
+        assert spread(np.array([value] * 5)) == 0.0
+    assert abs(standardize(np.array([0.4, 0.4, 0.4, 0.5])).sum()) < 1e-9
 
 
 # The four reward functions below count themselves in and wait until all four are in: run one at a

@@ -64,6 +64,7 @@ __all__ = [
     "record_reward_metrics",
     "reward_func_name",
     "score_group",
+    "spread",
     "standardize",
 ]
 
@@ -179,10 +180,22 @@ def sum_rewards(
     return np.where(scored.any(axis=0), total, math.nan)
 
 
+def spread(values: np.ndarray) -> float:
+    """Population std of ``values`` (no NaN), exactly 0.0 when they are all equal.
+
+    ``np.std`` of equal floats is not always 0: the mean of three rewards of 0.4 rounds to
+    0.4000000000000001, so the std comes out ~5e-17 and standardizing by it turns a group the spec
+    drops (all rewards equal) into advantages of +-1 on no signal. Equality decides, not the std.
+    """
+    if values.size == 0 or bool(np.all(values == values[0])):
+        return 0.0
+    return float(np.std(values))
+
+
 def is_zero_std(rewards: np.ndarray) -> bool:
     """True when fewer than two rollouts are scored or all scored rewards are equal (group dropped)."""
     scored = rewards[~np.isnan(rewards)]
-    return len(scored) < 2 or float(np.std(scored)) == 0.0
+    return len(scored) < 2 or spread(scored) == 0.0
 
 
 def standardize(rewards: np.ndarray) -> np.ndarray:
@@ -192,7 +205,7 @@ def standardize(rewards: np.ndarray) -> np.ndarray:
     if scored.sum() < 2:
         return advantages
     values = rewards[scored]
-    std = float(np.std(values))
+    std = spread(values)
     if std == 0.0:
         return advantages
     advantages[scored] = (values - float(np.mean(values))) / std
@@ -233,7 +246,7 @@ async def score_group(
 
 def _group_std(values: np.ndarray) -> float | None:
     scored = values[~np.isnan(values)]
-    return float(np.std(scored)) if len(scored) else None
+    return spread(scored) if len(scored) else None
 
 
 def record_reward_metrics(
