@@ -5,7 +5,8 @@ worker does (one ``python -m trainer serve`` of the tiny model with the supervis
 ``python -m trainer train`` process), for ``--steps`` steps or ``--minutes`` minutes, and records
 minute by minute, from the trainer's first metric: steps done, the median step time
 (``perf/step_s``), samples per step (``batch/samples_per_step``), the mean reward and the curriculum's
-stage (``curriculum/level``); plus the steps where the stage changed, the minutes to the last step,
+stage (``curriculum/level``), and why steps slow (``perf/rollout_wait_s``, ``frac_reward_zero_std``,
+``rollout/retired_prompts``, ``rollout/retired_fraction``); plus the steps where the stage changed, the minutes to the last step,
 and the ratio of the median step time of the last 20 steps to that of the first 20.
 
     .venv/bin/python -m bench.demo_pace --out bench/results/demo-pace-cpu.json
@@ -41,6 +42,21 @@ def step_arrivals(rows: list[dict], seen: dict[int, float], now: float) -> None:
         seen.setdefault(int(row["step"]), now)
 
 
+def _median(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.fmean(values), 3) if values else None
+
+
+def _last(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return values[-1] if values else None
+
+
 def per_minute(rows: list[dict], arrived: dict[int, float], start: float) -> list[dict]:
     """One entry per minute since ``start``: steps done in it, median step s, mean samples/step, reward, stage."""
     minutes: dict[int, list[dict]] = {}
@@ -63,6 +79,11 @@ def per_minute(rows: list[dict], arrived: dict[int, float], start: float) -> lis
                 else None,
                 "reward": round(statistics.fmean(rewards), 3) if rewards else None,
                 "stage": max(stages) if stages else None,
+                # why a step is slow: waiting on generation, and how much of it was dropped or skipped
+                "rollout_wait_s": _median(got, "perf/rollout_wait_s"),
+                "frac_reward_zero_std": _mean(got, "frac_reward_zero_std"),
+                "retired_prompts": _last(got, "rollout/retired_prompts"),
+                "retired_fraction": _last(got, "rollout/retired_fraction"),
             }
         )
     return out

@@ -15,10 +15,12 @@ import pytest
 from controlplane.runs.validation import run_document_validate
 from trainer.config import AsyncGRPOConfig
 from trainer.metrics import CATALOGUE, CURRICULUM_LEVEL
+from trainer.registry import load_dataset_by_name
 from trainer.rollout.retirement import prompt_key
 from trainer.rollout.types import RolloutGroup
+from trainer.tasks.arithmetic import LEVELS, Problem, problem_split
 from trainer.tasks.curriculum import LevelCurriculumLoop
-from trainer.tasks.demo import demo_run_document
+from trainer.tasks.demo import curriculum_rows, demo_run_document
 
 PASS, HALF = [1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 1.0, 0.0]
 
@@ -140,3 +142,29 @@ def test_the_demo_trains_through_it_and_the_web_accepts_it_by_name():
     assert doc["loop_cls"] == "trainer.tasks.curriculum.LevelCurriculumLoop"
     assert run_document_validate(document=doc) == doc  # a registered rollout loop (grpo.rollout_loops)
     assert CATALOGUE[CURRICULUM_LEVEL].marks  # the run page marks its changes on every chart
+
+
+def test_the_demo_dataset_is_the_held_out_facts_then_a_level_too_large_to_exhaust():
+    """``arithmetic-levels``: levels 0-2 are single-digit facts of the eval split only (the warm start
+    never saw them), level 3 two-digit plus one-digit sums of both splits, weighted so an epoch holds
+    more of them than a 200-step demo trains; the same rows every call."""
+    rows = list(load_dataset_by_name("arithmetic-levels"))  # the registry entry, as a run loads it
+    assert len(rows) == 6000 and rows[:50] == curriculum_rows(6000)[:50]
+    problems: dict[int, set[str]] = {}
+    for row in rows:
+        problems.setdefault(row["level"], set()).add(row["prompt"][0]["content"])
+    assert sorted(problems) == [0, 1, 2, 3] and [LEVELS[i] for i in range(3)] == [
+        ("+", 1, 1),
+        ("-", 1, 1),
+        ("×", 1, 1),
+    ]
+    assert LEVELS[3] == ("+", 2, 1)
+    for level in (0, 1, 2):
+        for text in problems[level]:
+            a, op, b = text.removeprefix("What is ").removesuffix("?").split()
+            assert problem_split(Problem(int(a), op, int(b), level)) == "eval", text
+        assert 10 <= len(problems[level]) <= 25
+    splits = {problem_split(Problem(int(t.split()[2]), "+", int(t.split()[4][:-1]), 3)) for t in problems[3]}
+    assert splits == {"train", "eval"} and len(problems[3]) > 800
+    level_rows = sum(row["level"] == 3 for row in rows)
+    assert 0.55 < level_rows / len(rows) < 0.70  # weight 5 of 8

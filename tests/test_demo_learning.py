@@ -15,7 +15,8 @@ standard deviations: under a normal fit, a correct trainer fails it with probabi
 
 The distribution was measured on the demo as one mix of levels, so this test trains that: the demo
 document less its curriculum (``loop_cls``), its row cap (``max_samples_per_row``) and its prompt
-retirement (``retire_saturated_prompts``), which change the statistic (a level change is a planned dip in reward). The curriculum is tested by
+retirement (``retire_saturated_prompts``), on the held-out facts alone (``arithmetic-unseen``, not
+the curriculum's ``arithmetic-levels``), which change the statistic (a level change is a planned dip in reward). The curriculum is tested by
 tests/test_curriculum.py and measured, in the whole demo, by ``python -m bench.demo_pace``.
 """
 
@@ -44,6 +45,8 @@ def test_demo_reward_rises_and_every_spec_metric_is_logged(vllm_server, tiny_mod
     assert doc.pop("loop_cls") == "trainer.tasks.curriculum.LevelCurriculumLoop"
     doc["args"].pop("max_samples_per_row")
     doc["args"].pop("retire_saturated_prompts")
+    assert doc["train_dataset"] == "arithmetic-levels"  # the curriculum's levels; the bar's: the facts
+    doc["train_dataset"] = "arithmetic-unseen"
     assert doc["reward_funcs"] == ["trainer.rewards.accuracy_reward"]  # correctness only
     rows = train_once(doc, tmp_path, timeout_s=1800, reproducible=True)  # a hang guard, not a verdict
 

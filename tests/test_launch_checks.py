@@ -43,7 +43,7 @@ README_BEFORE = {
     "reward_funcs": [REWARD],
     "args": {"max_steps": 50},
 }
-TINY_DATASETS = ("arithmetic", "arithmetic-small", "arithmetic-unseen")
+TINY_DATASETS = ("arithmetic", "arithmetic-small", "arithmetic-unseen", "arithmetic-levels")
 
 
 def doc(**args) -> dict:

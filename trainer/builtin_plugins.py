@@ -4,7 +4,7 @@ points in this project's ``pyproject.toml`` exactly as a plugin package declares
 
 from __future__ import annotations
 
-__all__ = ["arithmetic", "arithmetic_small", "arithmetic_unseen", "tiny_model"]
+__all__ = ["arithmetic", "arithmetic_levels", "arithmetic_small", "arithmetic_unseen", "tiny_model"]
 
 
 def tiny_model() -> str:
@@ -34,3 +34,11 @@ def arithmetic_unseen() -> list[dict]:
     from trainer.tasks.demo import unseen_fact_rows
 
     return unseen_fact_rows(4000, seed=0)
+
+
+def arithmetic_levels() -> list[dict]:
+    """The demo's curriculum, 6,000 rows: the held-out single-digit facts (levels 0-2), then two-digit
+    plus one-digit sums (level 3, ~900 problems the warm start gets ~12% right)."""
+    from trainer.tasks.demo import curriculum_rows
+
+    return curriculum_rows(6000, seed=0)
