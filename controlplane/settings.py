@@ -251,6 +251,9 @@ GRPO_RUN_STALE_AFTER_S = float(os.environ.get("GRPO_RUN_STALE_AFTER_S", "90"))
 GRPO_STOP_GRACE_S = float(os.environ.get("GRPO_STOP_GRACE_S", "10"))
 # A worker that starts resumes the interrupted runs of its host and pools (from their checkpoint).
 GRPO_RESUME_INTERRUPTED = env_bool("GRPO_RESUME_INTERRUPTED", True)
+# A run launched by a worker fails once this many groups in a row were dropped (equal rewards: nothing
+# to train), instead of holding its GPUs forever; the document's args.max_dropped_groups wins; 0: never.
+GRPO_MAX_DROPPED_GROUPS = int(os.environ.get("GRPO_MAX_DROPPED_GROUPS", "1000"))
 # Local model directories / dataset files a web or API document may name (besides registry names).
 GRPO_ALLOWED_MODEL_ROOTS = env_list("GRPO_ALLOWED_MODEL_ROOTS")
 GRPO_ALLOWED_DATASET_ROOTS = env_list("GRPO_ALLOWED_DATASET_ROOTS")

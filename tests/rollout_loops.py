@@ -34,3 +34,15 @@ def constant_then_varying_reward(completions, **kwargs):
     if _REWARD_CALLS[0] <= CONSTANT_GROUPS:
         return [0.5] * len(completions)
     return [float(i % 2) for i in range(len(completions))]
+
+
+VARYING_GROUPS = 2
+
+
+def varying_then_constant_reward(completions, **kwargs):
+    """The first ``VARYING_GROUPS`` groups (calls, in this rollout process) get 0/1 alternately (kept:
+    one step of two groups at 16 samples a row); every later group gets 0.5 (dropped)."""
+    _REWARD_CALLS[0] += 1
+    if _REWARD_CALLS[0] <= VARYING_GROUPS:
+        return [float(i % 2) for i in range(len(completions))]
+    return [0.5] * len(completions)

@@ -211,6 +211,13 @@ def test_environment_without_dataset_owns_prompts_reward_and_tools(vllm_server, 
     # The environment's reward reaches the loss: groups it split were trained on, with a gradient.
     assert any(v > 0 for v in seen["grad_norm"]), seen["grad_norm"]
     assert_prefixes_shared(seen["batch/packing_ratio"])  # the group shares its prompt
+    # Issue 35 item 4: the environment makes the prompts, so there are no passes over them to count
+    # (Trainer's own value, step / max_steps, was logged as `epoch`).
+    assert not any("epoch" in row for row in rows), [row.get("epoch") for row in rows]
+    # Issue 35 item 1: the environment's tool is counted in every step's row, 0 when never called.
+    assert all(
+        "tools/increment/call_count" in row and "tools/increment/failure_count" in row for row in rows
+    ), [sorted(k for k in row if k.startswith("tools/")) for row in rows]
 
 
 def test_environment_without_dataset_requires_max_steps(tiny_model_dir, tmp_path):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
-from trainer.feed import RolloutFeed
+import pytest
+
+from trainer.feed import DroppedGroupsLimitError, RolloutFeed
 from trainer.metrics import MetricWindow
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.types import GroupResult, TrainingSequence
+from worker.log_records import failure_sentence
 
 
 def _group(position: int, version: int, n: int = 4, length: int = 10) -> GroupResult:
@@ -98,3 +102,52 @@ def test_the_last_epoch_ends_exactly_at_its_prompts_and_drops_what_was_generated
     assert report["trained_tokens"] == 6 * 4 * 6
     assert feed.positions.next_untrained == 6 and feed.positions.consumed == 6
     assert feed.consumed_raw_tokens == 6 * 40 + 2 * 40  # the two groups ahead released, not trained
+
+
+def _dropped(position: int) -> GroupResult:
+    return GroupResult(position=position, row_index=position, group_id=position, kind="dropped", samples=[])
+
+
+def _feed(arrivals: list[GroupResult], **kwargs) -> RolloutFeed:
+    return RolloutFeed(
+        next_group=lambda timeout: arrivals.pop(0) if arrivals else None,
+        model_version=lambda: 0,
+        token_budget=90,
+        num_rows=1,
+        staleness=StalenessPolicy(max_staleness=4),
+        num_top_logprobs=0,
+        start_position=0,
+        window=MetricWindow(),
+        **kwargs,
+    )
+
+
+def test_an_epoch_that_ends_between_steps_on_dropped_groups_ends_the_iteration():
+    """Issue 35 item 3: the groups after the last step were all dropped, so no step is left to train.
+    The feed ends its iteration (the trainer stops, on_exhausted) instead of handing Trainer empty
+    micro-batches that made an optimizer step of 0 samples."""
+    feed = _feed([_distinct_group(0), _distinct_group(1), _dropped(2), _dropped(3)])
+    feed.end_position = 4
+    exhausted: list[bool] = []
+    feed.on_exhausted = lambda: exhausted.append(True)
+    batches = iter(feed)
+    assert next(batches)["row"].num_tokens == 80  # the two kept groups, flushed at the epoch's end
+    feed.finish_step()
+    assert list(itertools.islice(batches, 3)) == [] and exhausted == [True]  # was: empty micro-batches
+    assert feed.positions.next_untrained == 4  # the dropped prompts count as consumed
+
+
+def test_max_dropped_groups_in_a_row_fail_the_run_in_one_sentence():
+    """Issue 35 item 6: a run whose rewards never vary ends, with the reason, instead of generating
+    forever; a kept group starts the count again."""
+    arrivals = [_dropped(0), _dropped(1), _distinct_group(2), _dropped(3), _dropped(4), _dropped(5)]
+    feed = _feed(arrivals, max_dropped_groups=3)
+    with pytest.raises(DroppedGroupsLimitError) as caught:
+        next(iter(feed))
+    assert arrivals == [] and feed.dropped_in_a_row == 3  # the kept group reset the count
+    message = str(caught.value)
+    assert message.startswith("3 groups in a row were dropped (max_dropped_groups=3)")
+    sentence = failure_sentence(
+        process="trainer", status="1", log_text=f"trainer.feed.DroppedGroupsLimitError: {message}"
+    )
+    assert "3 groups in a row got equal rewards" in sentence and "args.max_dropped_groups (now 3" in sentence

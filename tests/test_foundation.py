@@ -153,6 +153,11 @@ def test_serve_command_has_the_spec_flags_on_cpu_and_gpu():
         '{"backend": "nccl"}' in gargv and "--api-server-count 8" in gargv and "--max-model-len 4096" in gargv
     )
     assert gargv.count("--logprobs-mode") == 1 and "raw_logprobs" in gargv  # user flags win
+    # Issue 35 item 7: on CPU the server computes in the trainer's dtype (float32) unless told
+    # otherwise; on GPU vLLM's own choice stands.
+    assert "--dtype float32" in argv and "--dtype" not in gargv
+    given = build_serve_command("/m", gpu=False, extra=["--dtype", "bfloat16"])
+    assert given.argv.count("--dtype") == 1 and given.argv[-1] == "bfloat16"
 
 
 def test_trainer_cli_help():

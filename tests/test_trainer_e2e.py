@@ -189,6 +189,30 @@ def test_one_epoch_trains_each_prompt_at_most_once_and_saves_at_its_end(
     )
 
 
+def test_an_epoch_that_ends_on_dropped_groups_trains_no_empty_step(vllm_server, tiny_model_dir, tmp_path):
+    """Issue 35 item 3: when every group after the last trained step is dropped, the epoch ends
+    there: no optimizer step of 0 samples (it was counted, its loss logged, a checkpoint saved), and
+    the last trained step is saved as an epoch's end is."""
+    from tests.rollout_loops import varying_then_constant_reward
+
+    args = _config(
+        vllm_server,
+        tmp_path / "run",
+        max_steps=-1,
+        num_train_epochs=1,
+        save_strategy="steps",
+        save_steps=10**6,
+        max_concurrent_rollouts=1,  # groups scored in order: the two varying ones come first
+    )
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir), reward_funcs=varying_then_constant_reward, args=args, train_dataset=_dataset(8)
+    )
+    trainer.train()
+    steps = [r["step"] for r in _metrics(tmp_path / "run") if "loss" in r]
+    assert steps == [1] and trainer.state.global_step == 1, steps
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1"]
+
+
 def test_cli_trains_from_run_yaml(vllm_server, tiny_model_dir, tmp_path):
     run = {
         "model": str(tiny_model_dir),

@@ -23,6 +23,7 @@ from itertools import groupby
 from pathlib import Path
 
 import pytest
+import yaml
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
@@ -164,6 +165,11 @@ def test_killed_worker_takes_the_runs_processes_down_fails_the_run_and_a_resume_
     # the file too: the database holds exactly the file's (last attempt's) reward steps and values.
     steps = list(MetricPoint.objects.filter(run_id=run.pk, name="loss").values_list("step", flat=True))
     assert sorted(steps) == list(range(1, MAX_STEPS + 1))
+    # Issue 35 item 6: a worker-launched run ends if its groups stop varying (the run's stored
+    # document is the user's; the launched one gets the worker's bound).
+    launched = yaml.safe_load((out / "RUN.yaml").read_text())
+    assert launched["args"]["max_dropped_groups"] == settings.GRPO_MAX_DROPPED_GROUPS == 1000
+    assert "max_dropped_groups" not in run.config["args"]
     stored = MetricPoint.objects.filter(run_id=run.pk, name="reward").values_list("step", "value")
     assert len(stored) == len(dict(stored))
     assert dict(stored) == pytest.approx(jsonl_values(out / METRICS_FILE, "reward"))

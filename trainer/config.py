@@ -81,6 +81,7 @@ class AsyncGRPOConfig(TrainingArguments):
     rollout_worker_timeout: float = _spec_field("rollout_worker_timeout")
     idle_log_s: float = _spec_field("idle_log_s")
     dropped_groups_warning: int = _spec_field("dropped_groups_warning")
+    max_dropped_groups: int | None = _spec_field("max_dropped_groups")
     retire_saturated_prompts: int | None = _spec_field("retire_saturated_prompts")
 
     # --- logging -------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ FIELD_RANGES: dict[str, Range] = {
     "rollout_worker_timeout": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
     "idle_log_s": Range(0, 7 * DAY_S, low_open=True, note="seconds"),
     "dropped_groups_warning": Range(0, 10**9, note="0: never"),
+    "max_dropped_groups": Range(1, 10**9, note="groups in a row; null: never"),
     "retire_saturated_prompts": Range(1, 10**9, note="groups in a row; null: off"),
     # logging and checkpoints
     "logging_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),

@@ -132,11 +132,14 @@ class RolloutFeed:
         max_samples_per_row: int | None = None,
         idle_log_s: float = 30.0,
         dropped_groups_warning: int = 32,
+        max_dropped_groups: int | None = None,
     ) -> None:
         self.next_group = next_group
         # While no micro-batch is ready, on_idle() is called every idle_log_s (the trainer logs the
         # rollout metrics then); dropped_groups_warning groups dropped in a row log a warning.
         self.on_idle: Callable[[], None] | None = None
+        # Called on every rank when the last epoch ends between steps (see __iter__).
+        self.on_exhausted: Callable[[], None] | None = None
         # num_train_epochs runs: prompt positions from end_position on are generated ahead of the
         # last epoch's end and never trained (set by the trainer; None = no end).
         self.end_position: int | None = None
@@ -145,6 +148,7 @@ class RolloutFeed:
         self.idle_log_s = idle_log_s
         self.starved_flush_s = starved_flush_s()  # read at start: a bad value fails the run at once
         self.dropped_groups_warning = dropped_groups_warning
+        self.max_dropped_groups = max_dropped_groups
         self.dropped_in_a_row = 0
         self.min_shared_tokens = min_shared_tokens
         self.max_samples_per_row = max_samples_per_row
@@ -215,6 +219,12 @@ class RolloutFeed:
         while True:
             batch = self._next_micro_batch() if self.rank == 0 else None
             batch = main_process_value(batch)  # every rank forwards its own row of it
+            if batch is None:
+                # The last epoch ended between two steps with nothing left to train (its last groups
+                # were all dropped): no step of 0 samples; the trainer stops (on_exhausted, every rank).
+                if self.on_exhausted is not None:
+                    self.on_exhausted()
+                return
             yield self._inputs_for_rank(batch)
 
     def publish_allowance(self) -> None:
@@ -243,8 +253,9 @@ class RolloutFeed:
         settled = self.settled_tokens()
         return settled == self.received_tokens and self.received_tokens >= self.published_ceiling
 
-    def _next_micro_batch(self) -> MicroBatch:
-        """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait."""
+    def _next_micro_batch(self) -> MicroBatch | None:
+        """Block until a micro-batch is closed (or flushed after starving); time blocked is the wait.
+        None: the last epoch's prompts are all in and nothing is left for a new step."""
         starved_s = 0.0
         next_idle_log = time.monotonic() + self.idle_log_s
         while True:
@@ -252,6 +263,8 @@ class RolloutFeed:
                 # The last epoch's prompts are all in: what the batcher holds is the last batch; after
                 # it, empty ones (a step's remaining micro-batches) until the trainer stops.
                 closed = self.batcher.flush()
+                if not closed and not self._step_batches:
+                    return None  # no step begun: none to train (see __iter__)
                 if not closed:
                     empty: MicroBatch = [[] for _ in range(self.num_rows)]
                     self._step_batches.append(empty)
@@ -359,6 +372,13 @@ class RolloutFeed:
                 self.dropped_in_a_row = 0
             return
         self.dropped_in_a_row += 1
+        limit = self.max_dropped_groups
+        if limit and self.dropped_in_a_row >= limit:
+            raise DroppedGroupsLimitError(
+                f"{self.dropped_in_a_row} groups in a row were dropped (max_dropped_groups={limit}): every "
+                "completion of each got the same reward, so nothing could train; check that the reward "
+                "functions can tell completions apart and that the task is neither solved nor out of reach"
+            )
         every = self.dropped_groups_warning
         if every > 0 and self.dropped_in_a_row % every == 0:
             logger.warning(_dropped_groups_message(self.dropped_in_a_row))
@@ -408,6 +428,10 @@ class RolloutFeed:
             "attention_pairs": float(sum(r.attention_cost for r in rows)),
             "wait_s": wait,
         }
+
+
+class DroppedGroupsLimitError(RuntimeError):
+    """``max_dropped_groups`` groups in a row were dropped: the run stops instead of generating forever."""
 
 
 def _dropped_groups_message(count: int) -> str:

@@ -32,6 +32,7 @@ import math
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -119,7 +120,13 @@ NUM_TOKENS = _m(
 LOSS = _m("loss", MEAN, "", "Training loss, averaged over the window's steps (Trainer).")
 GRAD_NORM = _m("grad_norm", LAST, "", "Gradient norm before clipping at the window's last step (Trainer).")
 LEARNING_RATE = _m("learning_rate", LAST, "", "Learning rate at the window's last step (Trainer).")
-EPOCH = _m("epoch", LAST, "epochs", "Passes over the prompt dataset so far.")
+EPOCH = _m(
+    "epoch",
+    LAST,
+    "epochs",
+    "Passes over the prompt dataset so far.",
+    "the prompts come from a dataset with a length (not an environment's own, not an IterableDataset)",
+)
 REWARD = _m("reward", MEAN, "", "Mean summed reward over all scored completions, dropped groups too.")
 REWARD_GROUP_STD = _m(
     "reward_group_std", MEAN, "", "Within-group std of the summed reward, over trained samples."
@@ -460,6 +467,12 @@ def reduction_rule(name: str) -> str:
         return _undeclared_rule(name)
 
 
+def counts_in(logs: Mapping[str, Any]) -> set[str]:
+    """The names in ``logs`` that are counts (summed over a window): what :func:`fill_absent` fills
+    with 0 in later windows."""
+    return {name for name in logs if reduction_rule(name) == SUM}
+
+
 def always_logged() -> list[str]:
     """Concrete names every default run logs (no tools, environment, MoE; full-weight sync), in
     catalogue order; rollout-side ones only in windows where a group was scored."""
@@ -479,12 +492,17 @@ def catalogue_payload() -> dict[str, Any]:
 ALWAYS_COUNTS = (SAMPLE_DROPPED_STALE_COUNT, BATCH_DROPPED_OVERSIZE_COUNT, ROLLOUT_VLLM_RETRY_COUNT)
 
 
-def fill_absent(logs: dict[str, float], *, has_tools: bool, tool_names: list[str]) -> dict[str, float]:
+def fill_absent(
+    logs: dict[str, float], *, has_tools: bool, tool_names: list[str], counts_seen: Iterable[str] = ()
+) -> dict[str, float]:
     """``logs`` with the spec's values for what the window did not see: 0 for :data:`ALWAYS_COUNTS`
-    and, when the trainer has tools, 0 for the tool counts (``tools/unknown_name_count``, each named
-    tool's ``call_count`` / ``failure_count``) and NaN for ``tools/failure_frequency`` (no calls)."""
+    and for ``counts_seen`` (counts an earlier window of the run logged: a count the window did not
+    see happened 0 times, e.g. ``rollout/vllm_preemption_count`` between two polls of the server,
+    an environment's tool never called); when the trainer has tools, 0 for the tool counts
+    (``tools/unknown_name_count``, each named tool's ``call_count`` / ``failure_count``) and NaN for
+    ``tools/failure_frequency`` (no calls)."""
     out = dict(logs)
-    for name in ALWAYS_COUNTS:
+    for name in (*ALWAYS_COUNTS, *counts_seen):
         out.setdefault(name, 0.0)
     if has_tools:
         out.setdefault(TOOLS_UNKNOWN_NAME_COUNT, 0.0)

@@ -191,6 +191,15 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
         "Warn after this many groups in a row were dropped (identical rewards); 0 = never.",
     ),
     _spec(
+        "max_dropped_groups",
+        "int",
+        None,
+        "Extension beyond the spec: fail the run once this many groups in a row were dropped (equal "
+        "rewards, nothing to train) instead of generating forever; None = never (a run launched from the "
+        "web gets the worker's GRPO_MAX_DROPPED_GROUPS, 1,000, unless it sets this).",
+        nullable=True,
+    ),
+    _spec(
         "retire_saturated_prompts",
         "int",
         None,

@@ -4,7 +4,8 @@ The spec's flags: ``VLLM_SERVER_DEV_MODE=1`` (weight-transfer, pause/resume rout
 ``--logprobs-mode processed_logprobs`` (logprobs of the distribution actually sampled),
 ``--max-model-len`` and ``--weight-transfer-config`` (NCCL on GPU; the CPU engine registered by
 :mod:`trainer.weight_sync` on CPU). On a CPU-only machine the settings measured in NOTES.md are
-added (KV cache space, host-memory fraction). Unknown flags pass through to vLLM unchanged.
+added (KV cache space, host-memory fraction), and ``--dtype float32``, the trainer's dtype on CPU
+(``--dtype`` given wins). Unknown flags pass through to vLLM unchanged.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def build_serve_command(
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if not _has_flag(extra, "--gpu-memory-utilization"):
             argv += ["--gpu-memory-utilization", "0.3"]
+        # The trainer's dtype on CPU is float32 (spec default; no bf16 autocast without a bf16
+        # accelerator), and vLLM's "auto" would serve the checkpoint's own (bf16 for the tiny model),
+        # so every run warned that sampler and trainer log-probs disagree. Serve what the trainer trains.
+        if not _has_flag(extra, "--dtype"):
+            argv += ["--dtype", "float32"]
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded request
         # is prefilled in chunks; the trainer seeds every request, so prefill whole prompts.
         if not (

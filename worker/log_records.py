@@ -247,6 +247,14 @@ KNOWN_FAILURES: tuple[tuple[re.Pattern[str], Callable[[re.Match], str]], ...] = 
             "e.g. {question: prompt}"
         ),
     ),
+    (
+        re.compile(r"(\d+) groups in a row were dropped \(max_dropped_groups=(\d+)\)"),
+        lambda m: (
+            f"{m.group(1)} groups in a row got equal rewards for every completion, so nothing could train; "
+            "check that the reward functions can tell completions apart and the task's difficulty, or raise "
+            f"args.max_dropped_groups (now {m.group(2)}; default GRPO_MAX_DROPPED_GROUPS)"
+        ),
+    ),
     (  # the trainer CLI refused the launched document (python -m trainer train prints one line a field)
         re.compile(r"^error: \S+: ([\w.\[\]]+): (.+)$", re.MULTILINE),
         lambda m: f"the trainer refused the run document: {m.group(1)}: {m.group(2)}",

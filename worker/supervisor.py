@@ -244,7 +244,8 @@ class RunSupervisor:
 
     def _write_launch_document(self, model_dir: str, dataset: Any) -> Path:
         """The document the trainer runs: the run's config with local directories for hub ids (the
-        revisions are resolved, so they are dropped) and the control plane's own args."""
+        revisions are resolved, so they are dropped), the control plane's own args, and
+        ``max_dropped_groups`` from ``GRPO_MAX_DROPPED_GROUPS`` unless the run sets it."""
         doc = copy.deepcopy(self.run_obj.config)
         doc["model"] = model_dir
         if dataset is not None:
@@ -254,6 +255,8 @@ class RunSupervisor:
         args = doc.setdefault("args", {})
         args["output_dir"] = str(self.out)
         args["vllm_server_base_url"] = self.base_url
+        if settings.GRPO_MAX_DROPPED_GROUPS > 0:  # a web-launched run that cannot learn ends (issue 35)
+            args.setdefault("max_dropped_groups", settings.GRPO_MAX_DROPPED_GROUPS)
         path = self.out / "RUN.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path

@@ -51,6 +51,8 @@ from trainer.metrics import (
     ROLLOUT_VLLM_QUEUED_REQUESTS,
     ROLLOUT_VLLM_RETRY_COUNT,
     ROLLOUT_VLLM_RUNNING_REQUESTS,
+    TOOL_CALL_COUNT,
+    TOOL_FAILURE_COUNT,
     TOOLS_LOOP_EXHAUSTED_FRAC,
     MetricWindow,
 )
@@ -63,7 +65,13 @@ from trainer.rollout.flow import (
     StalenessPolicy,
 )
 from trainer.rollout.groups import RolloutOutcome, build_group, completion_records, record_rollout_metrics
-from trainer.rollout.multiturn import EnvironmentPool, environment_tools, run_tool_calls, tool_schema
+from trainer.rollout.multiturn import (
+    EnvironmentPool,
+    environment_tools,
+    run_tool_calls,
+    tool_name,
+    tool_schema,
+)
 from trainer.rollout.pinning import AdapterPins, lora_adapter_name
 from trainer.rollout.rendering import ConversationRenderer
 from trainer.rollout.retirement import PromptRetirement
@@ -314,6 +322,7 @@ class AsyncRolloutLoop:
         self._tasks: set[asyncio.Task] = set()  # every running task (group tasks leave when done)
         self._ppid = os.getppid()
         self._has_tools = bool(self.tools) or self.environment_factory is not None
+        self._tools_announced: set[str] = set()
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_concurrent_rollouts, thread_name_prefix="rollout"
         )
@@ -609,6 +618,7 @@ class AsyncRolloutLoop:
                 env = await self._env_pool.acquire(key)
                 prompt = await self._env_pool.reset(env, row, prompt, self.window)
                 tools += environment_tools(env)
+            self._announce_tools(tools)
             if prompt is None:
                 raise KeyError("dataset row has no 'prompt' column (and no environment reset() provided one)")
             rollout = await self.generate_one(prompt, tools, group_id)
@@ -622,6 +632,16 @@ class AsyncRolloutLoop:
             if self.lora_name is not None:
                 self.pins.unpin()
             await self.admission.release_slot()
+
+    def _announce_tools(self, tools: list[Callable]) -> None:
+        """Count 0 calls of each tool the first time it is offered: a tool the model never calls is
+        then logged as 0 calls, not missing (the trainer fills a count it has seen once with 0)."""
+        for tool in tools:
+            name = tool_name(tool)
+            if name not in self._tools_announced:
+                self._tools_announced.add(name)
+                self.window.add(TOOL_CALL_COUNT.format(tool=name), 0)
+                self.window.add(TOOL_FAILURE_COUNT.format(tool=name), 0)
 
     # ==== scoring ================================================================================
     async def _handle_finished_group(self, item: _FinishedGroup) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +29,12 @@ from trainer.rollout.scoring import check_picklable
 from trainer.rollout.types import GroupResult
 from trainer.spawn_startup import STARTUP_ERROR_ENV, mark_started, startup_failure
 
-__all__ = ["RolloutWorkerHandle", "start_rollout_process", "check_rollout_picklable"]
+__all__ = [
+    "RolloutWorkerHandle",
+    "check_rollout_importable",
+    "check_rollout_picklable",
+    "start_rollout_process",
+]
 
 # start_rollout_process creates these itself (the loop receives them as one RolloutChannels).
 _CREATED_HERE = ("channels", *(f.name for f in fields(RolloutChannels)))
@@ -50,6 +57,59 @@ def check_rollout_picklable(
             check_picklable(factory, f"environment_factory[{name!r}]")
     elif environment_factory is not None:
         check_picklable(environment_factory, "environment_factory")
+
+
+def _main_path_spawn_cannot_run() -> str | None:
+    """The parent's ``__main__.__file__`` when it names no file (``<stdin>``: a script fed on standard
+    input), which spawn would try to re-run in the child and fail on; None otherwise."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return path if path is not None and not os.path.exists(path) else None
+
+
+def _defined_in_main(obj: Any) -> bool:
+    """Whether ``obj`` (a function, class, partial or callable instance) comes from ``__main__``."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    return "__main__" in (getattr(obj, "__module__", None), getattr(type(obj), "__module__", None))
+
+
+def check_rollout_importable(loop_cls: type, **loop_kwargs: Any) -> None:
+    """Raise ``RuntimeError`` naming the fix when the spawned child could not import what it is sent:
+    callables defined in a script read from standard input (its ``__main__`` is no file to re-import).
+    A stdin script whose callables all live in modules is fine (``start_rollout_process`` then spawns
+    without re-running it)."""
+    path = _main_path_spawn_cannot_run()
+    if path is None:
+        return
+    factories = loop_kwargs.get("environment_factory")
+    candidates = [
+        loop_cls,
+        *(loop_kwargs.get("reward_funcs") or []),
+        *(loop_kwargs.get("tools") or []),
+        *(factories.values() if isinstance(factories, dict) else [factories] if factories else []),
+    ]
+    names = [getattr(c, "__name__", type(c).__name__) for c in candidates if _defined_in_main(c)]
+    if names:
+        raise RuntimeError(
+            f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} defined in a script read from {path!r}, "
+            "which the spawned rollout process cannot import: save the script to a file and run it as "
+            '`python FILE.py`, with the training code under `if __name__ == "__main__":`'
+        )
+
+
+@contextlib.contextmanager
+def _main_path_hidden():
+    """Spawn without re-running a ``__main__`` that is no file (see ``check_rollout_importable``)."""
+    main = sys.modules.get("__main__")
+    path = _main_path_spawn_cannot_run()
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def _rollout_main(loop_cls: type, loop_kwargs: dict[str, Any], channels: RolloutChannels) -> None:
@@ -143,6 +203,12 @@ class RolloutWorkerHandle:
                 raise RuntimeError(self._failure)
             state = "was stopped" if self._stopped else "died unexpectedly"
             self._failure = f"rollout process (pid {self.pid}) {state} ({how}) without reporting an error"
+            if not self._stopped:
+                self._failure += (
+                    "; its output above says why. A common cause: the spawned process could not import "
+                    "the training script (read from standard input or a notebook): run it from a file, "
+                    'with the training code under `if __name__ == "__main__":`'
+                )
             raise RuntimeError(self._failure)
         age = time.time() - self.channels.heartbeat_value.value
         if age > self.timeout:
@@ -239,6 +305,7 @@ def start_rollout_process(
         loop_kwargs.get("tools"),
         loop_kwargs.get("environment_factory"),
     )
+    check_rollout_importable(loop_cls, **loop_kwargs)
     ctx = mp.get_context("spawn")
     channels = RolloutChannels.create(
         ctx, initial_model_version=initial_model_version, initial_token_allowance=initial_token_allowance
@@ -252,7 +319,8 @@ def start_rollout_process(
     previous = {name: os.environ.get(name) for name in child_env}
     os.environ.update(child_env)
     try:
-        process.start()
+        with _main_path_hidden():
+            process.start()
     finally:
         for name, value in previous.items():
             if value is None:

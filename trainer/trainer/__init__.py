@@ -58,6 +58,7 @@ from trainer.metrics import (
     PERF_WALL_CLOCK_MFU,
     PERF_WALL_CLOCK_TRAINED_TOKENS_PER_S,
     MetricWindow,
+    counts_in,
     fill_absent,
 )
 from trainer.modeling import (
@@ -168,6 +169,7 @@ class AsyncGRPOTrainer(Trainer):
         self.loss_config = LossConfig.from_args(args)
         self._window = MetricWindow()
         self._pending_completions: list[dict] = []
+        self._counts_seen: set[str] = set()  # counts logged so far: 0, not absent, when not seen again
         self.sinks: list[Sink] = list(sinks) if sinks is not None else [JsonlSink(args.output_dir)]
         # The step at whose end an interrupt request was honoured (trainer/interrupt.py), else None.
         self.interrupted_at: int | None = None
@@ -284,13 +286,28 @@ class AsyncGRPOTrainer(Trainer):
                 max_samples_per_row=self.args.max_samples_per_row,
                 idle_log_s=self.args.idle_log_s,
                 dropped_groups_warning=self.args.dropped_groups_warning,
+                max_dropped_groups=self.args.max_dropped_groups,
             )
             self._feed.positions.consumed = int(self._resumed_counters.get("consumed_prompts", 0))
             self._feed.on_idle = self._log_while_waiting
+            self._feed.on_exhausted = self._epochs_exhausted
             if self.args.max_steps <= 0 and hasattr(self.rollout_dataset, "__len__"):
                 # N epochs = N passes over the distinct prompts, counting only those trained.
                 self._feed.end_position = math.ceil(self.args.num_train_epochs * len(self.rollout_dataset))
         return self._feed
+
+    def _epochs_exhausted(self) -> None:
+        """The last epoch ended between two steps with nothing left to train (every group since the
+        last step was dropped): stop without an optimizer step of 0 samples, and save the last trained
+        step as an epoch's end does (Trainer saves after the epoch when ``should_save`` is set)."""
+        logger.warning(
+            "the last epoch ended with nothing left to train after step %d (its last groups were all "
+            "dropped: equal rewards); training stops there",
+            self.state.global_step,
+        )
+        self.control.should_training_stop = True
+        if self.state.global_step > 0 and self.args.save_strategy != SaveStrategy.NO:
+            self.control.should_save = True
 
     # ------------------------------------------------------------------------------ pipeline start
     def _start_pipeline(self) -> None:
@@ -483,7 +500,7 @@ class AsyncGRPOTrainer(Trainer):
                 self._feed.publish_allowance()
                 self._drain_rollout_metrics()
             self._record_perf(report, now)
-            if self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__"):
+            if self._counts_epochs:
                 state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
                 end = self._feed.end_position
                 if end is not None and self._feed.positions.next_untrained >= end:
@@ -570,17 +587,38 @@ class AsyncGRPOTrainer(Trainer):
         if self._handle is not None:
             self._drain_rollout_metrics()
         if LOSS in logs and self._window:
+            logs = {**logs, **self._window.reduce()}
+            self._counts_seen |= counts_in(logs)
             logs = fill_absent(
-                {**logs, **self._window.reduce()},
+                logs,
                 has_tools=bool(self.tools) or self.environment_factory is not None,
                 tool_names=[tool_name(t) for t in self.tools],
+                counts_seen=self._counts_seen,
             )
             self._window.clear()
+        if not self._counts_epochs:
+            # Epochs are passes over the prompts (spec); prompts an environment makes, or an
+            # IterableDataset's, have no count to pass over, and Trainer's own value (step / max_steps)
+            # would read as one. So no `epoch` at all (docs/metrics.md).
+            logs.pop(EPOCH, None)
+            epoch, self.state.epoch = self.state.epoch, None
+            try:
+                self._emit("metrics", self.state.global_step, logs)
+                self._log_completions()
+                super().log(logs, start_time)
+            finally:
+                self.state.epoch = epoch
+            return
         if self.state.epoch is not None:  # Trainer.log adds it only after: the sinks need it too
             logs = {**logs, EPOCH: self.state.epoch}
         self._emit("metrics", self.state.global_step, logs)
         self._log_completions()
         super().log(logs, start_time)
+
+    @property
+    def _counts_epochs(self) -> bool:
+        """Whether the prompts come from a dataset with a length (what an epoch passes over)."""
+        return self.rollout_dataset is not None and hasattr(self.rollout_dataset, "__len__")
 
     def _emit(self, kind: str, *record: Any) -> None:
         """The one place records reach the sinks: ``metrics(step, values)``, ``completions(step,
