@@ -32,8 +32,8 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponseNotFound, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
+from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import Checkpoint
-from controlplane.runs.services.ingest import finite_or_none
 
 FORMATS = ("csv", "json")
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json", "tar": "application/x-tar"}

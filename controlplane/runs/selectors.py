@@ -36,6 +36,7 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404
 
+from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import (
     COMPLETION_FIELDS,
     ChartPreference,
@@ -47,7 +48,6 @@ from controlplane.runs.models import (
     RunEvent,
     RunFileCursor,
 )
-from controlplane.runs.services.ingest import finite_or_none
 from trainer import metrics as metric_catalogue
 from trainer import registry, run_schema
 from trainer.metrics import ENTROPY, LOSS, NAMESPACES, PERF_STEP_S, REWARD, catalogue_payload

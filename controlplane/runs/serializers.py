@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
+from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import (
     NOTE_CHARS_CEILING,
     TAG_CHARS_CEILING,
@@ -33,7 +34,6 @@ from controlplane.runs.selectors import (
     CompletionFilter,
     run_max_steps,
 )
-from controlplane.runs.services.ingest import finite_or_none
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_DEPTH
 
 METRIC_NAME_MAX_CHARS = MetricPoint._meta.get_field("name").max_length

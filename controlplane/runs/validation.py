@@ -32,6 +32,7 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane.runs.selectors import dataset_summary
 from trainer import registry
 from trainer.hub import is_hub_id
 from trainer.resources import Resources, parse_resources, resources_errors
@@ -271,8 +272,6 @@ def _resources_errors(resources: Resources) -> dict[str, str]:
 def _column_errors(doc: dict) -> dict[str, str]:
     """Each reward function whose required columns (parameters without a default) the dataset lacks,
     naming both; or the dataset itself when it cannot be loaded. Only registered names get here."""
-    from controlplane.runs.selectors import dataset_summary  # selectors -> services -> validation
-
     dataset = doc.get("train_dataset")
     rewards = doc.get("reward_funcs")
     rewards = [rewards] if isinstance(rewards, str) else rewards

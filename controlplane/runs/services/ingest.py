@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import (
     COMPLETION_FIELDS,
     Checkpoint,
@@ -258,11 +259,6 @@ def run_output_ingest(
 
 
 # ---------------------------------------------------------------------------------- helpers
-def finite_or_none(value: float | None) -> float | None:
-    """JSON has no NaN/inf: the API and the websocket send those as null."""
-    return value if value is not None and math.isfinite(value) else None
-
-
 def _text(value: Any) -> str:
     if value is None:
         return ""
