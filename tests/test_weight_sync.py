@@ -97,6 +97,71 @@ def test_check_dtype():
     assert check_dtype("auto", info) is None
 
 
+class DroppingServer:
+    """A FAKE HTTP server, for a fault a real vLLM server gives only by chance: it closes the first
+    connection of each path without answering (as uvicorn does to a kept-alive connection it drops just
+    as a request goes out), then answers 200. ``requests``: the paths it read, in order."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests: list[str] = []
+        self._dropped: set[str] = set()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                if not head:
+                    continue
+                path = head.split(b" ", 2)[1].decode().split("?")[0]
+                self.requests.append(path)
+                if path not in self._dropped:
+                    self._dropped.add(path)
+                    continue  # closed unanswered
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_dropped_connection_is_retried_once_only_where_a_repeat_is_harmless():
+    """A CI run lost a trainer at the pause before a sync: httpx sent /pause on a kept-alive connection
+    uvicorn closed as it went out (both kept idle connections 5 s). Idle connections now expire on our
+    side first, and a pause, resume or cache reset the server dropped unanswered is sent again; the
+    weight update's own routes are not (a repeat is not the same as one call)."""
+    from trainer.weight_sync.client import KEEPALIVE_EXPIRY_S
+
+    assert KEEPALIVE_EXPIRY_S < 5.0  # uvicorn's --timeout-keep-alive default
+    server = DroppingServer()
+    client = WeightSyncClient(server.base_url, timeout=10)
+    try:
+        client._post("/pause?mode=keep")
+        client._post("/resume")
+        assert server.requests == ["/pause", "/pause", "/resume", "/resume"]
+        with pytest.raises(WeightSyncError, match="start_weight_update failed: RemoteProtocolError"):
+            client._post("/start_weight_update")
+        assert (
+            server.requests[-1] == "/start_weight_update"
+            and server.requests.count("/start_weight_update") == 1
+        )
+    finally:
+        client.close()
+        server.close()
+
+
 # --- real server --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served(vllm_server, tiny_model_dir):

@@ -145,6 +145,21 @@ def check_dtype(trainer_dtype: str | torch.dtype, info: dict) -> str | None:
     )
 
 
+# Routes whose repeat does what one call does (the server's pause state, its prefix cache): sent again
+# once when the server dropped the connection unanswered. Not the weight update's own routes.
+IDEMPOTENT_ROUTES = frozenset({"/pause", "/resume", "/reset_prefix_cache"})
+# uvicorn (vLLM's server) closes a connection idle for 5 s; httpx kept one 5 s too, so a request sent as
+# the server closed its connection was lost ("Server disconnected without sending a response", a CI
+# run at the pause after a slow step). Idle connections are dropped on our side first.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def vllm_http_client(timeout: float) -> httpx.Client:
+    """An HTTP client for a vLLM server's control routes, its idle connections dropped before the server
+    drops them (KEEPALIVE_EXPIRY_S)."""
+    return httpx.Client(timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+
+
 class WeightSyncClient:
     """Pushes the trainer's weights into a running vLLM server.
 
@@ -188,14 +203,22 @@ class WeightSyncClient:
         self._sender: Any = None
         self._connected = False
         self._update_future: Future | None = None
-        self._http = httpx.Client(timeout=self.timeout)
+        self._http = vllm_http_client(self.timeout)
         self._lock = threading.Lock()
 
     # --- HTTP ------------------------------------------------------------------------------------
     def _post(self, path: str, json: dict | None = None, timeout: float | None = None) -> None:
         url = f"{self.base_url}{path}"
         try:
-            response = self._http.post(url, json=json, timeout=timeout or self.timeout)
+            try:
+                response = self._http.post(url, json=json, timeout=timeout or self.timeout)
+            except httpx.RemoteProtocolError:
+                # The server closed the connection without answering (a kept-alive connection it
+                # dropped as the request went out): sent again once where a repeat is harmless.
+                if path.split("?")[0] not in IDEMPOTENT_ROUTES:
+                    raise
+                logger.info("POST %s: the server dropped the connection unanswered; sending it again", url)
+                response = self._http.post(url, json=json, timeout=timeout or self.timeout)
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
@@ -287,7 +310,7 @@ class WeightSyncClient:
                 self._sender = None
             self._connected = False
         self._http.close()
-        self._http = httpx.Client(timeout=self.timeout)
+        self._http = vllm_http_client(self.timeout)
 
     def __enter__(self) -> WeightSyncClient:
         return self

@@ -36,7 +36,7 @@ import httpx
 from trainer.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.pinning import lora_adapter_name
-from trainer.weight_sync.client import WeightSyncError
+from trainer.weight_sync.client import WeightSyncError, vllm_http_client
 
 if TYPE_CHECKING:
     import torch
@@ -158,7 +158,7 @@ class LoraPublisher:
         self.timeout = float(timeout)
         self.loaded: list[int] = []  # versions registered on the server, oldest first
         self.on_disk: list[int] = []  # versions whose directory still exists, oldest first
-        self._http = httpx.Client(timeout=self.timeout)
+        self._http = vllm_http_client(self.timeout)
 
     def path_of(self, version: int) -> Path:
         return self.directory / lora_adapter_name(self.lora_name, version)
