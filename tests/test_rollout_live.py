@@ -104,22 +104,29 @@ def collect(handle, n: int) -> list:
     return results
 
 
-def metrics_until(handle, groups: int) -> list[dict]:
-    """Metric payloads drained until the metrics of ``groups`` scored groups have all been flushed.
+def metrics_until(handle, groups: int, completions: int = 0, names: tuple[str, ...] = ()) -> list[dict]:
+    """Metric payloads drained until the metrics of ``groups`` scored groups have all arrived, with
+    at least ``completions`` completion records and a value of each of ``names``.
 
     A count, never a wait: the loop records one ``frac_reward_zero_std`` observation per scored group
     before it emits the group, and flushes its window every ``METRICS_FLUSH_INTERVAL_S``; on a loaded
     machine that flush can come late, so a fixed sleep before draining was a race (CI of 2026-12-05).
+    A kept group carries the window up to it, so the groups' scores can all arrive before the flush
+    that brings the completions and what the server poll recorded after the last group: those are
+    counted too (CI of 2026-12-07, third session).
     """
     payloads: list[dict] = []
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
         payloads += handle.drain_metrics()
         flushed = sum(len(p["metrics"]["values"].get("frac_reward_zero_std", [])) for p in payloads)
-        if flushed >= groups:
+        records = sum(len(p.get("completions") or []) for p in payloads)
+        seen = {n for p in payloads for kind in ("values", "rates") for n in p["metrics"].get(kind, {})}
+        if flushed >= groups and records >= completions and seen.issuperset(names):
             return payloads
         assert time.monotonic() < deadline, (
-            f"hang guard: {flushed} of {groups} groups' metrics in {HANG_GUARD_S} s"
+            f"hang guard: {flushed} of {groups} groups' metrics, {records} of {completions} completions, "
+            f"missing {sorted(set(names) - seen)} in {HANG_GUARD_S} s"
         )
         time.sleep(0.1)
 
@@ -228,7 +235,8 @@ def default_run(rollout_server, tokenizer, tmp_path_factory):
     )
     try:
         results = collect(handle, 12)
-        payloads = metrics_until(handle, groups=12)
+        # every group's completions (log_completions, 4 rollouts a group) and the server poll's cap
+        payloads = metrics_until(handle, groups=12, completions=12 * 4, names=("rollout/concurrency_cap",))
         yield {
             "handle": handle,
             "results": results,

@@ -15,6 +15,7 @@ from rest_framework.parsers import JSONParser
 
 from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import (
+    COMPLETION_FIELDS,
     NOTE_CHARS_CEILING,
     TAG_CHARS_CEILING,
     TAGS_CEILING,
@@ -27,7 +28,6 @@ from controlplane.runs.models import (
     RunStatus,
 )
 from controlplane.runs.selectors import (
-    COMPLETION_FIELDS,
     COMPLETION_GROUP_FILTERS,
     COMPLETION_ORDERINGS,
     RUN_LIST_ORDERINGS,
