@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -396,3 +397,60 @@ def test_a_document_the_validation_accepts_passes_the_trainers_and_the_launchs_c
     )
     flags = vllm_placement_flags({**place["vllm"], "max_model_len": plan.tokens}, default=[])
     assert flags[:2] == ["--max-model-len", str(plan.tokens)]
+
+
+def test_checks_run_one_at_a_time_in_a_process_and_valid_documents_pass_from_many_threads(monkeypatch):
+    """Daphne runs each request in its own thread, and the checks change process-wide state (the
+    environment, accelerate's state, torch's threads) and import transformers lazily: two at once
+    gave a valid document a 400 in CI ("module 'transformers' has no attribute
+    'PreTrainedTokenizerBase'"). The overlap is counted with the trainer-config check wrapped (a
+    spy around the real one, made slow enough that an overlap cannot be missed); before the lock, 8
+    threads overlapped 8-deep."""
+    from controlplane.runs import launch_checks
+
+    real, active, deepest, lock = launch_checks._trainer_config_errors, [0], [0], threading.Lock()
+
+    def counted(document: dict) -> dict[str, str]:
+        with lock:
+            active[0] += 1
+            deepest[0] = max(deepest[0], active[0])
+        try:
+            threading.Event().wait(0.05)
+            return real(document)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(launch_checks, "_trainer_config_errors", counted)
+    start = threading.Barrier(8)
+    answers: list[object] = []
+
+    def one() -> None:
+        start.wait()
+        try:
+            services.run_config_validate(config=doc(max_steps=2, max_completion_length=64))
+            answers.append("valid")
+        except Exception as exc:  # noqa: BLE001 - every answer is collected and compared below
+            answers.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert answers == ["valid"] * 8
+    assert deepest[0] == 1
+
+
+def test_process_state_is_restored_key_by_key():
+    """What the checks added to the environment goes, what they changed comes back, the rest is never
+    touched (the environment is never empty for another thread meanwhile)."""
+    os.environ["GRPO_TEST_KEPT"] = "before"
+    try:
+        with process_state_kept():
+            os.environ["GRPO_TEST_KEPT"] = "during"
+            os.environ["GRPO_TEST_ADDED"] = "during"
+        assert os.environ["GRPO_TEST_KEPT"] == "before"
+        assert "GRPO_TEST_ADDED" not in os.environ
+    finally:
+        os.environ.pop("GRPO_TEST_KEPT", None)

@@ -38,6 +38,7 @@ import functools
 import logging
 import os
 import shlex
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,10 +92,25 @@ class ContextPlan:
     reason: str
 
 
+# The checks change process-wide state and restore it (os.environ, accelerate's PartialState, torch's
+# thread count) and import transformers lazily: under daphne every request runs in its own thread, and
+# two checks at once saw each other's state or a half-imported module ("module 'transformers' has no
+# attribute 'PreTrainedTokenizerBase'", a 400 for a valid document in the CI of 2026-12-07). One at a
+# time per process: they are CPU-bound under the GIL, so little is lost.
+_CHECKS_ONE_AT_A_TIME = threading.Lock()
+
+
 # ------------------------------------------------------------------------------------ entry points
 def run_launch_errors(*, document: dict) -> dict[str, str]:
     """Every problem the launch of ``document`` (a document the schema and the control plane's rules
-    accepted) would meet, as ``{field path: message}``; ``{}`` when it would start and fit."""
+    accepted) would meet, as ``{field path: message}``; ``{}`` when it would start and fit.
+
+    Thread-safe: calls in one process run one at a time (``_CHECKS_ONE_AT_A_TIME``)."""
+    with _CHECKS_ONE_AT_A_TIME:
+        return _launch_errors(document)
+
+
+def _launch_errors(document: dict) -> dict[str, str]:
     errors = _trainer_config_errors(document)
     if errors:
         return errors  # the lengths below read args the config refused
@@ -205,9 +221,13 @@ def process_state_kept() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
-        if os.environ != saved:
-            os.environ.clear()
-            os.environ.update(saved)
+        # Key by key, never clear(): a thread outside the checks reading the environment meanwhile
+        # (a logger, a settings lookup) must never find it empty.
+        for key in set(os.environ) - set(saved):
+            os.environ.pop(key, None)
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
         if not initialised and PartialState._shared_state:
             PartialState._reset_state()
         torch.set_num_threads(threads)
