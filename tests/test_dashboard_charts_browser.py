@@ -4,7 +4,9 @@ test database; no worker, no vLLM: the run's rows are written with the real inge
 Issue 22 item 1 (+ item 8's resume marker and axis labels): a hover readout and zoom synced across
 charts, EMA smoothing over a faint raw series, a log scale per chart, step / wall-time / relative
 x axes, a dashed marker where a resumed attempt starts and where a curriculum's level changes, pinned charts saved per user on the server,
-collapsible groups, regex and glob filters, and charts that fit a 390 px wide phone.
+collapsible groups, regex and glob filters, and charts that fit a 390 px wide phone. Issue 30: the eval
+charts (eval/reward, eval/pass@k) pinned by default until the user saves pins, and an eval line for an
+earlier step arriving live joins its charts without moving the progress back.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
         ingest.metric_points_ingest(
             run_id=run.pk, step=step, values={"reward": 0.9, "timestamp": T0 + 3600 + 10 * step}
         )
+    # Eval lines: step 10's and 20's (each after later steps' lines, as the trainer writes them).
+    for step in (10, 20):
+        ingest.metric_points_ingest(
+            run_id=run.pk,
+            step=step,
+            values={"eval/reward": step / 40, "eval/pass@1": step / 50, "eval/completions/mean_length": 12.0},
+        )
     bobs = running_run(bob, name="bobs", reward_funcs=(), max_steps=10)
     ingest.metric_points_ingest(run_id=bobs.pk, step=1, values={"rollout/concurrency": 1.0})
 
@@ -96,7 +105,12 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             pinned = page.eval_on_selector_all(
                 'section[data-group="pinned"] .chart', "els => els.map(e => e.dataset.metric)"
             )
-            assert pinned == ["reward", "loss", "perf/step_s"]
+            # ... then the run's headline eval charts (a user who never saved pins), not its other eval ones.
+            assert pinned == ["reward", "loss", "perf/step_s", "eval/pass@1", "eval/reward"]
+            assert (
+                page.locator(f'section[data-group="eval"] {_card("eval/completions/mean_length")}').count()
+                == 1
+            )
             groups = page.eval_on_selector_all("#charts > section", "els => els.map(e => e.dataset.group)")
             assert groups[0] == "pinned"
             assert page.get_attribute(f"{_card('reward')} .chart-name", "title")  # catalogue help kept
@@ -206,7 +220,7 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             page.fill("#metric-filter", "/[/")
             page.wait_for_selector("#metric-filter-error:not([hidden])")
             assert "invalid regular expression" in page.inner_text("#metric-filter-error")
-            assert len(shown()) == 6  # an invalid filter hides nothing: every metric written above
+            assert len(shown()) == 9  # an invalid filter hides nothing: every metric written above
             page.fill("#metric-filter", "")
             page.wait_for_selector("#metric-filter-error[hidden]", state="attached")
 
@@ -214,15 +228,22 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             page.click('section[data-group="rollout"] h3')
             assert not page.is_visible(_card("rollout/concurrency"))
 
-            # Pin a chart: it moves to Pinned, the server keeps it across a reload.
+            # Pin a chart: it moves to Pinned, the server keeps it across a reload. Unpinning a default
+            # eval chart first: the user's saved pins win over the defaults from then on.
             page.click('section[data-group="rollout"] h3')  # expand again
-            page.click(f"{_card('rollout/concurrency')} .chart-pin")
+            page.click(f"{_card('eval/reward')} .chart-pin")
             page.wait_for_selector('#charts[data-pins-saved="1"]')
+            page.click(f"{_card('rollout/concurrency')} .chart-pin")
+            page.wait_for_selector('#charts[data-pins-saved="2"]')
             page.reload()
             page.wait_for_selector(
                 f'section[data-group="pinned"] {_card("rollout/concurrency")}', timeout=30_000
             )
             assert _data(page, "rollout/concurrency", "pinned") == "true"
+            assert (
+                _data(page, "eval/pass@1", "pinned") == "true"
+                and _data(page, "eval/reward", "pinned") == "false"
+            )
 
             # A live step over the socket brings its time and attempt: the wall axis extends to it.
             page.wait_for_selector("#conn.live")
@@ -238,6 +259,25 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
                 f"() => Number(document.querySelector('.chart[data-metric=\"reward\"]').dataset.xMax) === {T0 + 4000}"
             )
             page.select_option("#chart-x", "step")
+
+            # An eval line for step 30, after step 31's line: its points join the eval charts at step
+            # 30; the latest step, the progress and the ETA stay where step 31 put them.
+            page.wait_for_function(
+                "() => document.getElementById('run-step').textContent.startsWith('step 31')"
+            )
+            progress = page.inner_text("#run-step"), page.inner_text("#run-eta")
+            db(
+                ingest.metric_points_ingest,
+                run_id=run.pk,
+                step=STEPS,
+                values={"eval/reward": 0.9, "eval/pass@1": 0.8, "timestamp": T0 + 3600 + 10 * STEPS},
+            )
+            page.wait_for_selector(f'{_card("eval/reward")}[data-points="3"]', timeout=15_000)
+            assert page.evaluate("() => GrpoMetricPanel.series('eval/reward').steps") == [10, 20, STEPS]
+            assert page.evaluate("() => GrpoMetricPanel.series('eval/pass@1').values")[-1] == 0.8
+            assert page.evaluate("() => GrpoMetricPanel.lastStep()") == STEPS + 1
+            assert (page.inner_text("#run-step"), page.inner_text("#run-eta")) == progress
+            assert _data(page, "reward", "points") == str(STEPS + 1)  # the step's training points kept
 
             # A phone: the metrics card and its charts fit 390 px (nothing in it scrolls the page
             # sideways; the site header is not the charts' to fix).

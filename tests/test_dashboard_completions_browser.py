@@ -4,7 +4,9 @@ on the test database; no worker, no vLLM: the samples are written with the inges
 Issue 22, item 2: every logged step reachable (server-side pages of whole groups, a step picker that
 knows every step), sorted and filtered on the server (reward, mixed groups, search), the prompt once
 per group and the reference answer, a column per reward function, no sideways scrolling at desktop or
-phone width, and live samples that never move the table under a reader.
+phone width, and live samples that never move the table under a reader. Issue 30: the Training/Eval
+switch (eval samples per eval step: prompt, completion, rewards per function, reference answer),
+live eval samples drawn only on the eval view.
 """
 
 from __future__ import annotations
@@ -48,6 +50,29 @@ def _items(step: int) -> list[dict]:
     return items
 
 
+def _eval_items(step: int) -> list[dict]:
+    """Two eval prompts, two samples each, as the trainer logs an eval pass of ``step``'s weights."""
+    return [
+        {
+            "eval": True,
+            "prompt": f"eval question {p} at {step}",
+            "completion": f"eval answer {k}",
+            "reward": float(k),
+            "rewards": {"accuracy": float(k), "format_ok": 1.0},
+            "advantage": None,
+            "group_id": p,
+            "row_index": 500 + p,
+            "reference": f"held-out {p}",
+        }
+        for p in (0, 1)
+        for k in (0, 1)
+    ]
+
+
+def _eval_ingest(run_id: int, step: int) -> None:
+    ingest.completion_samples_ingest(run_id=run_id, step=step, items=_eval_items(step), split="eval")
+
+
 def test_completions_table_pages_sorts_filters_searches_and_follows_live_samples(tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -55,6 +80,8 @@ def test_completions_table_pages_sorts_filters_searches_and_follows_live_samples
     run = running_run(owner, name="completions", max_steps=100)
     for step in range(1, STEPS + 1):
         ingest.completion_samples_ingest(run_id=run.pk, step=step, items=_items(step))
+    for step in (10, 20):
+        _eval_ingest(run.pk, step)
     with (
         DbThread() as db,
         daphne_on_test_db(tmp_path / "daphne.log", queue="unused") as base,
@@ -174,6 +201,59 @@ def test_completions_table_pages_sorts_filters_searches_and_follows_live_samples
             assert [(g["step"], g["group"]) for g in groups()][:3] == [(32, 65), (32, 64), (31, 63)]
             assert len(groups()) == 10 and page.is_hidden("#completion-new")
             assert page.locator("#completion-step option[value='32']").count() == 1
+
+            # Eval samples live while the training view is shown: not drawn there, no notice.
+            assert page.is_visible("#completion-split")  # the run has eval samples
+            db(_eval_ingest, run.pk, 32)
+            page.wait_for_timeout(1500)
+            assert [(g["step"], g["group"]) for g in groups()][:2] == [(32, 65), (32, 64)]
+            assert (
+                page.is_hidden("#completion-new") and page.locator(".cgroup[data-split='eval']").count() == 0
+            )
+
+            # The Eval view: per eval step, each prompt once with its samples, rewards per function
+            # and the reference answer; its own steps in the picker; the downloads ask for eval.
+            with page.expect_response(lambda r: "by=group" in r.url and "split=eval" in r.url):
+                page.click("#completion-split button[data-split='eval']")
+            page.wait_for_function(
+                "() => document.querySelectorAll('#completions .cgroup[data-split=\"eval\"]').length === 6"
+            )
+            assert [(g["step"], g["group"]) for g in groups()] == [
+                (32, 1),
+                (32, 0),
+                (20, 1),
+                (20, 0),
+                (10, 1),
+                (10, 0),
+            ]
+            first = page.locator("#completions .cgroup >> nth=0")
+            assert "eval of step 32 · eval prompt 1" in first.locator(".cgroup-head").inner_text()
+            assert "eval question 1 at 32" in first.locator(".cprompt-text").inner_text()
+            assert first.locator(".creference code").inner_text() == "held-out 1"
+            assert first.locator("th.cfunc").all_inner_texts() == ["accuracy", "format_ok"]
+            assert first.locator("td.cfunc[data-func='accuracy']").all_inner_texts() == ["0", "1"]
+            page.wait_for_function("() => document.querySelectorAll('#completion-step option').length === 4")
+            steps = page.eval_on_selector_all("#completion-step option", "els => els.map(e => e.value)")
+            assert steps == ["", "32", "20", "10"]
+            assert "split=eval" in page.get_attribute("#download-completions-csv", "href")
+            # A live eval pass is drawn on the eval view; a live training step is not.
+            db(_eval_ingest, run.pk, 33)
+            page.wait_for_function(
+                "() => document.querySelector('#completions .cgroup').dataset.step === '33'"
+            )
+            db(ingest.completion_samples_ingest, run_id=run.pk, step=33, items=_items(33))
+            page.wait_for_timeout(1500)
+            assert page.locator(".cgroup[data-split='train']").count() == 0 and page.is_hidden(
+                "#completion-new"
+            )
+            # Back to training: its own steps and groups, step 33's training groups on top.
+            with page.expect_response(lambda r: "by=group" in r.url and "split=" not in r.url):
+                page.click("#completion-split button[data-split='train']")
+            page.wait_for_function(
+                "() => document.querySelector('#completions .cgroup').dataset.split === 'train'"
+            )
+            assert [(g["step"], g["group"]) for g in groups()][:2] == [(33, 67), (33, 66)]
+            assert "split" not in page.get_attribute("#download-completions-csv", "href")
 
             # No sideways scrolling on a phone either: rollouts stacked, text wrapped.
             page.set_viewport_size({"width": 390, "height": 900})

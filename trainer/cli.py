@@ -38,6 +38,8 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
         model_revision=spec.model_revision,
         dataset_revision=spec.dataset_revision,
         progress=_log,
+        eval_dataset=spec.eval_dataset,
+        eval_dataset_revision=spec.eval_dataset_revision,
     )
     model, dataset_name = sources.model, sources.dataset
     if spec.loop_cls:
@@ -55,6 +57,15 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
         dataset = load_dataset_by_name(
             dataset_name, config=spec.dataset_config, split=spec.dataset_split, columns=spec.dataset_columns
         )
+    eval_dataset = None
+    if sources.eval_dataset:
+        eval_dataset = load_dataset_by_name(
+            sources.eval_dataset,
+            config=spec.eval_dataset_config,
+            split=spec.eval_dataset_split,
+            columns=spec.dataset_columns,
+            field="eval_dataset",
+        )
     env = spec.environment_factory
     if isinstance(env, dict):
         env = {name: resolve_callable(path) for name, path in env.items()}
@@ -70,6 +81,7 @@ def build_trainer(spec: RunSpec, trainer_cls=None):
         reward_funcs=[resolve_callable(p) for p in spec.reward_funcs] or None,
         args=spec.args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         peft_config=peft_config,
         tools=[resolve_callable(p) for p in spec.tools] or None,
         environment_factory=env,

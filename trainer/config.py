@@ -84,6 +84,12 @@ class AsyncGRPOConfig(TrainingArguments):
     max_dropped_groups: int | None = _spec_field("max_dropped_groups")
     retire_saturated_prompts: int | None = _spec_field("retire_saturated_prompts")
 
+    # --- evaluation during training (extension; when: TrainingArguments' eval_strategy) ----------
+    eval_num_generations: int = _spec_field("eval_num_generations")
+    eval_temperature: float = _spec_field("eval_temperature")
+    eval_max_prompts: int | None = _spec_field("eval_max_prompts")
+    eval_pass_threshold: float = _spec_field("eval_pass_threshold")
+
     # --- logging -------------------------------------------------------------------------------
     log_completions: bool = _spec_field("log_completions")
     num_completions_to_print: int | None = _spec_field("num_completions_to_print")

@@ -97,6 +97,11 @@ FIELD_RANGES: dict[str, Range] = {
     "dropped_groups_warning": Range(0, 10**9, note="0: never"),
     "max_dropped_groups": Range(1, 10**9, note="groups in a row; null: never"),
     "retire_saturated_prompts": Range(1, 10**9, note="groups in a row; null: off"),
+    # evaluation during training
+    "eval_num_generations": Range(1, 1024, note="k of eval/pass@k"),
+    "eval_temperature": Range(0, 100, note="0: greedy"),
+    "eval_max_prompts": Range(1, 10**9, note="null: every prompt"),
+    "eval_pass_threshold": Range(-1e9, 1e9, note="total reward"),
     # logging and checkpoints
     "logging_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),
     "save_steps": Range(0, BIG, low_open=True, note="< 1: a fraction of the steps"),

@@ -165,12 +165,14 @@ def _progress_tqdm(report: Callable[[str], None], what: str):
 
 @dataclass(frozen=True)
 class Sources:
-    """What a run's ``model`` and ``train_dataset`` name once hub ids are resolved: local snapshot
-    directories in place of hub ids, and ``resolved`` = ``{"model"|"dataset": Snapshot.as_dict()}``."""
+    """What a run's ``model``, ``train_dataset`` and ``eval_dataset`` name once hub ids are resolved:
+    local snapshot directories in place of hub ids, and ``resolved`` =
+    ``{"model"|"dataset"|"eval_dataset": Snapshot.as_dict()}``."""
 
     model: str
     dataset: str | None
     resolved: dict[str, dict[str, str]]
+    eval_dataset: str | None = None
 
 
 def resolve_sources(
@@ -180,6 +182,8 @@ def resolve_sources(
     model_revision: str | None = None,
     dataset_revision: str | None = None,
     progress: Callable[[str], None] | None = None,
+    eval_dataset: str | None = None,
+    eval_dataset_revision: str | None = None,
 ) -> Sources:
     """Resolve whichever of ``model`` / ``dataset`` is a hub id (not a registered name, not an
     existing local path) to its snapshot; the rest pass through unchanged. Raises :class:`HubError`."""
@@ -197,4 +201,9 @@ def resolve_sources(
             dataset, repo_type="dataset", revision=dataset_revision, progress=progress
         )
         resolved["dataset"], dataset = snapshot.as_dict(), str(snapshot.path)
-    return Sources(model=model, dataset=dataset, resolved=resolved)
+    if is_remote(eval_dataset, "dataset"):
+        snapshot = resolve_snapshot(
+            eval_dataset, repo_type="dataset", revision=eval_dataset_revision, progress=progress
+        )
+        resolved["eval_dataset"], eval_dataset = snapshot.as_dict(), str(snapshot.path)
+    return Sources(model=model, dataset=dataset, resolved=resolved, eval_dataset=eval_dataset)

@@ -55,6 +55,7 @@ NAMESPACES = (
     "tools",
     "env",
     "curriculum",
+    "eval",
 )
 STRICT_ENV = "GRPO_STRICT_METRICS"
 
@@ -374,6 +375,13 @@ PERF_FWD_S = _m("perf/fwd_s", MEAN, "s", "Time in the step's forward passes.")
 PERF_OPTIMIZER_S = _m("perf/optimizer_s", MEAN, "s", "Time in the optimizer step.")
 PERF_ROLLOUT_WAIT_S = _m("perf/rollout_wait_s", MEAN, "s", "Time training waited on an empty rollout queue.")
 PERF_WEIGHT_SYNC_S = _m("perf/weight_sync_s", MEAN, "s", "Weight sync time: pause, barrier and transfer.")
+PERF_EVAL_WAIT_S = _m(
+    "perf/eval_wait_s",
+    MEAN,
+    "s",
+    "Time a weight sync waited for the eval pass of the weights it replaces.",
+    "the run evaluates (eval_dataset, eval_strategy) and an eval pass was running at a sync",
+)
 PERF_WEIGHT_SYNC_PAUSE_S = _m(
     "perf/weight_sync_pause_s", MEAN, "s", "Weight sync: waiting for vLLM to pause."
 )
@@ -399,6 +407,42 @@ PERF_WALL_CLOCK_MFU = _m("perf/wall_clock_mfu", MEAN, "frac", "Model FLOPs utili
 
 
 # ==== lookup ==========================================================================================
+# ---- eval/ (an extension: eval_dataset scored during training; one row per eval step) -------------
+_EVAL = "the run evaluates: eval_dataset with eval_strategy 'steps' or 'epoch'"
+EVAL_REWARD = _m(
+    "eval/reward",
+    LAST,
+    "",
+    "Mean total reward of the eval completions (held-out prompts, eval_temperature).",
+    _EVAL,
+)
+EVAL_REWARD_STD = _m("eval/reward_std", LAST, "", "Std of the eval completions' total rewards.", _EVAL)
+EVAL_REWARDS_MEAN = _m(
+    "eval/rewards/{name}/mean", LAST, "", "Mean reward of one function over the eval completions.", _EVAL
+)
+EVAL_PASS_AT_K = _m(
+    "eval/pass@{k}",
+    LAST,
+    "frac",
+    "Share of eval prompts with at least one of k (eval_num_generations) completions whose total reward "
+    "is at least eval_pass_threshold.",
+    _EVAL,
+)
+EVAL_COMPLETIONS_MEAN_LENGTH = _m(
+    "eval/completions/mean_length", LAST, "tokens", "Mean length of the eval completions.", _EVAL
+)
+EVAL_COMPLETIONS_CLIPPED_RATIO = _m(
+    "eval/completions/clipped_ratio",
+    LAST,
+    "frac",
+    "Eval completions that hit max_completion_length (no EOS).",
+    _EVAL,
+)
+EVAL_DURATION_S = _m(
+    "eval/duration_s", LAST, "s", "Wall time of the eval pass, first request to last score.", _EVAL
+)
+
+
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
     """``rewards/{name}/mean`` -> ``^rewards/(?P<name>.+)/mean$`` (a placeholder may hold slashes)."""
     parts = re.split(r"\{(\w+)\}", pattern)

@@ -258,7 +258,12 @@ def resolve_callable(path: str) -> Callable:
 
 
 def load_dataset_by_name(
-    name: str, *, config: str | None = None, split: str = "train", columns: dict[str, str] | None = None
+    name: str,
+    *,
+    config: str | None = None,
+    split: str = "train",
+    columns: dict[str, str] | None = None,
+    field: str = "train_dataset",
 ):
     """A registered dataset, a local ``.jsonl`` file, a ``datasets.save_to_disk`` directory or a
     directory in the hub's layout (a resolved snapshot: data files plus an optional README config)
@@ -266,10 +271,11 @@ def load_dataset_by_name(
     plain text becomes one user message (the trainer renders conversations).
 
     Nothing is fetched from a hub here (hub ids are resolved to a snapshot first: :mod:`trainer.hub`).
+    ``field`` names the document's field in errors (``train_dataset``, ``eval_dataset``).
     """
     import datasets
 
-    dataset = _load_dataset(name, config=config, split=split)
+    dataset = _load_dataset(name, config=config, split=split, field=field)
     if columns:
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
@@ -278,14 +284,14 @@ def load_dataset_by_name(
             )
         dataset = dataset.rename_columns(columns)
     if not isinstance(dataset, datasets.Dataset):
-        raise ValueError(f"train_dataset {name!r} did not load as one split (got {type(dataset).__name__})")
+        raise ValueError(f"{field} {name!r} did not load as one split (got {type(dataset).__name__})")
     if "prompt" in dataset.column_names and len(dataset) and isinstance(dataset[0]["prompt"], str):
         # A plain-text prompt (most hub datasets' question column) is one user message.
         dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
     return dataset
 
 
-def _load_dataset(name: str, *, config: str | None, split: str):
+def _load_dataset(name: str, *, config: str | None, split: str, field: str = "train_dataset"):
     import datasets
 
     if is_registered("dataset", name):
@@ -299,13 +305,13 @@ def _load_dataset(name: str, *, config: str | None, split: str):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
-                raise ValueError(f"train_dataset {name!r}: no split {split!r} (has {', '.join(loaded)})")
+                raise ValueError(f"{field} {name!r}: no split {split!r} (has {', '.join(loaded)})")
             loaded = loaded[split]
         return loaded
     if path.is_dir():  # the hub's layout (a resolved snapshot)
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         return datasets.load_dataset(str(path), name=config, split=split)
     raise ValueError(
-        f"train_dataset {name!r}: not a registered dataset ({', '.join(names('dataset')) or 'none'}), "
+        f"{field} {name!r}: not a registered dataset ({', '.join(names('dataset')) or 'none'}), "
         "nor an existing .jsonl file or datasets directory"
     )

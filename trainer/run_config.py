@@ -41,9 +41,16 @@ TOP_LEVEL_KEYS = (
     "dataset_config",
     "dataset_split",
     "dataset_columns",
+    "eval_dataset",
+    "eval_dataset_revision",
+    "eval_dataset_config",
+    "eval_dataset_split",
     "resources",
     "args",
 )
+# The split an eval dataset is read from when eval_dataset_split is not given (a registered dataset,
+# a .jsonl file or a one-split directory has one split whatever is asked).
+DEFAULT_EVAL_SPLIT = "test"
 REQUIRED_KEYS = ("model",)
 # LoraConfig fields a run document may set (the rest keep peft's defaults).
 PEFT_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "modules_to_save")
@@ -73,6 +80,12 @@ class RunSpec:
     dataset_config: str | None = None
     dataset_split: str = "train"
     dataset_columns: dict[str, str] = field(default_factory=dict)
+    # Held-out prompts scored during training (an extension, issue 30): the same forms as
+    # train_dataset, read with the same dataset_columns map.
+    eval_dataset: str | None = None
+    eval_dataset_revision: str | None = None
+    eval_dataset_config: str | None = None
+    eval_dataset_split: str = DEFAULT_EVAL_SPLIT
     resources: Any = None  # trainer.resources.Resources (used by the control plane's worker)
     args: Any = None  # AsyncGRPOConfig
 
@@ -111,6 +124,11 @@ def run_document_errors(doc: Any) -> dict[str, str]:
         )
     if dataset is None and not doc.get("environment_factory"):
         errors.setdefault("train_dataset", "required unless environment_factory provides the prompts")
+    eval_dataset = doc.get("eval_dataset")
+    if eval_dataset is not None and (not isinstance(eval_dataset, str) or not eval_dataset.strip()):
+        errors["eval_dataset"] = (
+            "must be a non-empty string (registry name, .jsonl file or datasets directory), or left out"
+        )
     reward_funcs = doc.get("reward_funcs") or []
     if isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
@@ -193,6 +211,20 @@ def _launch_rule_errors(doc: dict, args: dict) -> dict[str, str]:
         errors["args.max_steps"] = (
             "without train_dataset the environment makes prompts forever: set max_steps > 0"
         )
+    strategy = args.get("eval_strategy", "no")
+    evaluates = isinstance(strategy, str) and strategy != "no"
+    if evaluates and not doc.get("eval_dataset"):
+        errors["args.eval_strategy"] = (
+            f"{strategy!r} evaluates on eval_dataset, which the document does not name: set eval_dataset "
+            "(held-out prompts, the same forms as train_dataset) or leave eval_strategy 'no'"
+        )
+    if doc.get("eval_dataset") and not evaluates:
+        errors["eval_dataset"] = (
+            "is set but args.eval_strategy is 'no', so it would never be scored: set args.eval_strategy "
+            "to 'steps' (with args.eval_steps) or 'epoch', or leave eval_dataset out"
+        )
+    if args.get("eval_on_start") and not doc.get("eval_dataset"):
+        errors["args.eval_on_start"] = "needs eval_dataset: set it, or leave eval_on_start false"
     if args.get("fsdp") and not resources_errors(doc.get("resources")):
         resources = parse_resources(doc.get("resources"))
         if (resources.trainer_gpus or resources.trainer_processes or 1) < 2:
@@ -240,6 +272,10 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
         dataset_config=doc.get("dataset_config"),
         dataset_split=doc.get("dataset_split") or "train",
         dataset_columns=dict(doc.get("dataset_columns") or {}),
+        eval_dataset=doc.get("eval_dataset"),
+        eval_dataset_revision=doc.get("eval_dataset_revision"),
+        eval_dataset_config=doc.get("eval_dataset_config"),
+        eval_dataset_split=doc.get("eval_dataset_split") or DEFAULT_EVAL_SPLIT,
         resources=parse_resources(doc.get("resources")),
         args=config,
     )
@@ -250,11 +286,11 @@ def _hub_option_errors(doc: dict) -> dict[str, str]:
     from trainer.hub import valid_revision
 
     errors: dict[str, str] = {}
-    for key in ("model_revision", "dataset_revision"):
+    for key in ("model_revision", "dataset_revision", "eval_dataset_revision"):
         value = doc.get(key)
         if value is not None and not valid_revision(value):
             errors[key] = f"{_short_repr(value)} is not a branch, tag or commit hash"
-    for key in ("dataset_config", "dataset_split"):
+    for key in ("dataset_config", "dataset_split", "eval_dataset_config", "eval_dataset_split"):
         value = doc.get(key)
         if value is not None and not (isinstance(value, str) and 0 < len(value) <= 200 and ".." not in value):
             errors[key] = "must be a short string (a dataset config name or split such as 'train')"

@@ -218,11 +218,13 @@ def run_prompt_lengths(
     tools: Sequence[str] = (),
     chat_template_kwargs: dict[str, Any] | None = None,
     sample_rows: int,
+    field: str = "train_dataset",
 ) -> PromptLengths:
     """The longest prompt of a run's dataset (``dataset`` as the trainer loads it: a registered name,
     a local file or directory, a resolved hub snapshot) rendered with ``model_dir``'s tokenizer, the
     run's ``tools`` (dotted paths) and ``chat_template_kwargs``; at most ``sample_rows`` rows are
-    tokenized. Cached per model, dataset (and its file's modification time) and options.
+    tokenized. Cached per model, dataset (and its file's modification time) and options. ``field``
+    names the document's field in the loader's errors (``train_dataset``, ``eval_dataset``).
 
     Raises ``ValueError`` when the dataset cannot feed the rollout (no ``prompt`` column, image
     parts, a template error) or cannot be loaded, :class:`TokenizerUnavailable` when the model's
@@ -239,13 +241,14 @@ def run_prompt_lengths(
         tuple(tools),
         json.dumps(chat_template_kwargs or {}, sort_keys=True, default=str),
         int(sample_rows),
+        field,
     )
     return _run_prompt_lengths(key)
 
 
 @functools.lru_cache(maxsize=64)
 def _run_prompt_lengths(key: tuple) -> PromptLengths:
-    model_dir, _, dataset, _, config, split, columns, tools, kwargs, sample_rows = key
+    model_dir, _, dataset, _, config, split, columns, tools, kwargs, sample_rows, field = key
     from trainer.registry import load_dataset_by_name, resolve_callable
 
     try:
@@ -253,7 +256,7 @@ def _run_prompt_lengths(key: tuple) -> PromptLengths:
     except Exception as exc:
         raise TokenizerUnavailable(f"{type(exc).__name__}: {exc}") from exc
     try:
-        data = load_dataset_by_name(dataset, config=config, split=split, columns=dict(columns))
+        data = load_dataset_by_name(dataset, config=config, split=split, columns=dict(columns), field=field)
     except Exception as exc:  # a loader's failure is the dataset's, in words
         raise ValueError(f"could not be loaded: {type(exc).__name__}: {exc}") from None
     if "prompt" not in data.column_names:

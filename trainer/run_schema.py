@@ -208,6 +208,33 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
         "come back if every prompt is retired); None = off.",
         nullable=True,
     ),
+    # --- evaluation during training (an extension: the run document's eval_dataset; when is
+    # TrainingArguments' eval_strategy / eval_steps / eval_on_start)
+    _spec(
+        "eval_num_generations",
+        "int",
+        1,
+        "Extension beyond the spec: completions sampled per eval prompt (k of eval/pass@k).",
+    ),
+    _spec(
+        "eval_temperature",
+        "float",
+        0.0,
+        "Extension beyond the spec: sampling temperature of eval completions (0 = greedy).",
+    ),
+    _spec(
+        "eval_max_prompts",
+        "int",
+        None,
+        "Extension beyond the spec: score at most this many eval prompts (the first ones), None = all.",
+        nullable=True,
+    ),
+    _spec(
+        "eval_pass_threshold",
+        "float",
+        1.0,
+        "Extension beyond the spec: a completion passes (eval/pass@k) when its total reward is at least this.",
+    ),
     # --- logging
     _spec("log_completions", "bool", False, "Log sampled (prompt, completion) pairs."),
     _spec("num_completions_to_print", "int", None, "Completions printed per log.", nullable=True),
@@ -400,22 +427,19 @@ def _json_kwargs(v: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _no_evaluation(v: Mapping[str, Any]) -> dict[str, str]:
-    """AsyncGRPOTrainer trains from rollouts and has no evaluation set: transformers' Trainer refuses
-    an eval strategy without one, and "best" checkpoints need evaluation metrics (checked when the
-    trainer is built, past the config)."""
+    """Evaluation scores eval_dataset's prompts through the vLLM server (trainer/evaluation.py) and
+    logs eval/* metrics; transformers' "best" checkpoints read metrics its own evaluation returns,
+    which this one does not (whether eval_strategy has an eval_dataset is a rule of the run document:
+    trainer.run_config)."""
     errors: dict[str, str] = {}
-    strategy = v.get("eval_strategy")
-    if isinstance(strategy, str) and strategy != "no":
-        errors["eval_strategy"] = (
-            "AsyncGRPOTrainer has no evaluation set and the trainer refuses any other strategy; leave it 'no'"
-        )
     if v.get("save_strategy") == "best":
         errors["save_strategy"] = (
-            "'best' needs evaluation metrics, which AsyncGRPOTrainer does not compute; use 'steps' or 'epoch'"
+            "'best' needs transformers' own evaluation metrics, which AsyncGRPOTrainer does not return "
+            "(its eval/* metrics are logged, not ranked); use 'steps' or 'epoch'"
         )
     if v.get("load_best_model_at_end") is True:
         errors["load_best_model_at_end"] = (
-            "needs evaluation metrics, which AsyncGRPOTrainer does not compute; leave it false"
+            "needs transformers' own evaluation metrics, which AsyncGRPOTrainer does not return; leave it false"
         )
     return errors
 

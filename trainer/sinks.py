@@ -42,6 +42,21 @@ class Sink(Protocol):
         """Training ended: flush and release what the sink holds."""
 
 
+class EvalSink(Protocol):
+    """A sink that also takes eval passes (optional: the trainer skips sinks without it)."""
+
+    def evaluation(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        completions: Sequence[Mapping[str, Any]],
+        timestamp: float,
+    ) -> None:
+        """One eval pass of the weights of ``step`` (an extension, issue 30): its ``eval/*`` metrics and
+        its completions (each with ``"eval": True``); ``timestamp``: unix seconds of that step's log.
+        Usually arrives after later steps' records."""
+
+
 class JsonlSink:
     """Appends to ``<output_dir>/metrics.jsonl`` and ``completions.jsonl``.
 
@@ -62,6 +77,21 @@ class JsonlSink:
     def completions(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
             self._append(COMPLETIONS_FILE, [{"step": step, **jsonable(row)} for row in rows])
+
+    def evaluation(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        completions: Sequence[Mapping[str, Any]],
+        timestamp: float,
+    ) -> None:
+        """One ``metrics.jsonl`` line at ``step`` with the step's own wall time (so the step's time on
+        the dashboard's axes stays), and the completions, each marked ``"eval": true``."""
+        self._append(METRICS_FILE, [{"step": step, **jsonable(metrics), TIMESTAMP_KEY: round(timestamp, 3)}])
+        if completions:
+            self._append(
+                COMPLETIONS_FILE, [{"step": step, **jsonable(row), "eval": True} for row in completions]
+            )
 
     def checkpoint(self, step: int, path: str) -> None:
         """Nothing to write: the ``checkpoint-<step>`` folder is the record."""

@@ -90,6 +90,28 @@ T = TypeVar("T")
 DEFERRED = object()  # a control-plane write the database refused; tried again on a later poll
 
 
+def hub_sources_resolve(
+    *, config: dict, progress: Callable[[str], None] | None = None
+) -> tuple[str, Any, Any, dict[str, dict[str, str]]]:
+    """``(model, train dataset, eval dataset, resolved)`` as the launch reads them: each hub id
+    (neither registered nor a local path) resolved to its local snapshot at its revision
+    (``model_revision``, ``dataset_revision``, ``eval_dataset_revision``), the rest as the document
+    has them; ``resolved``: ``{"model" | "dataset" | "eval_dataset": {"id", "type", "revision",
+    "commit", "path"}}`` for the ones resolved. No database. Raises :class:`trainer.hub.HubError`."""
+    from trainer.hub import resolve_sources
+
+    sources = resolve_sources(
+        model=config["model"],
+        dataset=config.get("train_dataset"),
+        model_revision=config.get("model_revision"),
+        dataset_revision=config.get("dataset_revision"),
+        eval_dataset=config.get("eval_dataset") or None,
+        eval_dataset_revision=config.get("eval_dataset_revision"),
+        progress=progress,
+    )
+    return sources.model, sources.dataset, sources.eval_dataset, dict(sources.resolved)
+
+
 class AttemptEnded(Exception):
     """Ends the attempt early with a final status (stop requested, shutdown, process failure)."""
 
@@ -189,15 +211,15 @@ class RunSupervisor:
         refused = local_sources_errors(document=config)  # a link added since the run was created
         if refused:
             raise AttemptEnded(RunStatus.FAILED, "; ".join(f"{k}: {v}" for k, v in refused.items()))
-        model_dir, dataset = self._resolve_sources(config)
+        model_dir, dataset, eval_dataset = self._resolve_sources(config)
         services.run_event_create(
             run_id=self.run_id,
             kind=RunEventKind.INFO,
             message=f"model ready after {time.monotonic() - started:.0f} s: {model_dir}",
         )
-        config_path = self._write_launch_document(model_dir, dataset)
+        config_path = self._write_launch_document(model_dir, dataset, eval_dataset)
         if self.server_name is None:
-            self._size_context(model_dir, dataset, config)
+            self._size_context(model_dir, dataset, config, eval_dataset)
             self._start_vllm(model_dir, config)
         self._wait_healthy()
         checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
@@ -217,32 +239,24 @@ class RunSupervisor:
         self._watch()
 
     # ------------------------------------------------------------------------------- processes
-    def _resolve_sources(self, config: dict) -> tuple[str, Any]:
-        """The model directory and dataset the launch document names: registered names prepared,
-        hub ids resolved to local snapshots (downloads reported as events, commits recorded)."""
-        from trainer.hub import resolve_sources
+    def _resolve_sources(self, config: dict) -> tuple[str, Any, Any]:
+        """The model directory, dataset and eval dataset the launch document names: registered names
+        prepared, hub ids resolved to local snapshots (downloads reported as events, commits
+        recorded: ``Run.sources`` ``model``, ``dataset``, ``eval_dataset``)."""
 
         def report(line: str) -> None:
             services.run_event_create(run_id=self.run_id, kind=RunEventKind.INFO, message=line)
 
-        sources = self._blocking(
-            lambda: resolve_sources(
-                model=config["model"],
-                dataset=config.get("train_dataset"),
-                model_revision=config.get("model_revision"),
-                dataset_revision=config.get("dataset_revision"),
-                progress=report,
-            ),
-            what="resolving the hub sources",
+        model_dir, dataset, eval_dataset, resolved = self._blocking(
+            lambda: hub_sources_resolve(config=config, progress=report), what="resolving the hub sources"
         )
-        model_dir = sources.model
-        if "model" not in sources.resolved:  # a registered name (the tiny model is prepared) or a path
+        if "model" not in resolved:  # a registered name (the tiny model is prepared) or a path
             model_dir = self._blocking(lambda: _resolve_model(model_dir), what="resolving the model")
-        if sources.resolved:
-            services.run_sources_record(run_id=self.run_id, sources=sources.resolved)
-        return model_dir, sources.dataset
+        if resolved:
+            services.run_sources_record(run_id=self.run_id, sources=resolved)
+        return model_dir, dataset, eval_dataset
 
-    def _write_launch_document(self, model_dir: str, dataset: Any) -> Path:
+    def _write_launch_document(self, model_dir: str, dataset: Any, eval_dataset: Any = None) -> Path:
         """The document the trainer runs: the run's config with local directories for hub ids (the
         revisions are resolved, so they are dropped), the control plane's own args, and
         ``max_dropped_groups`` from ``GRPO_MAX_DROPPED_GROUPS`` unless the run sets it."""
@@ -250,8 +264,11 @@ class RunSupervisor:
         doc["model"] = model_dir
         if dataset is not None:
             doc["train_dataset"] = dataset
+        if eval_dataset is not None:
+            doc["eval_dataset"] = eval_dataset
         doc.pop("model_revision", None)
         doc.pop("dataset_revision", None)
+        doc.pop("eval_dataset_revision", None)
         args = doc.setdefault("args", {})
         args["output_dir"] = str(self.out)
         args["vllm_server_base_url"] = self.base_url
@@ -273,7 +290,7 @@ class RunSupervisor:
             return url
         return f"http://127.0.0.1:{self.port}"
 
-    def _size_context(self, model_dir: str, dataset: Any, config: dict) -> None:
+    def _size_context(self, model_dir: str, dataset: Any, config: dict, eval_dataset: Any = None) -> None:
         """The run's own server's ``max_model_len`` into the placement: the document's, else the
         run's lengths measured on the local model and dataset (:func:`~controlplane.runs.launch_checks.
         per_run_max_model_len`); a run that no longer fits (its dataset changed since it was
@@ -286,6 +303,7 @@ class RunSupervisor:
                     document=config,
                     model_dir=model_dir,
                     dataset=dataset if isinstance(dataset, str) else None,
+                    eval_dataset=eval_dataset if isinstance(eval_dataset, str) else None,
                 )
             except LaunchRefused as refused:
                 return refused

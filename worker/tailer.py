@@ -12,11 +12,17 @@ the upserts on (run, name, step) / (run, step, index) make a re-read harmless.
 Completion rows get their index from their position in the step's block: consecutive lines of one
 step continue the block across polls; a new attempt (:meth:`RunOutputTailer.new_attempt`) starts a
 new block, so a re-done step replaces its rows as it did when the trainer reported them itself.
+Eval rows (``"eval": true``: scored on ``eval_dataset`` with the weights of their step) have blocks
+of their own, numbered apart from the step's training rows, so the two kinds may interleave.
+
+Metrics lines need no order: an eval line for step S usually comes after the lines of S+1, S+2, and
+its names are added to step S (upserts on (run, name, step)), the step's training points untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -30,6 +36,7 @@ from django.conf import settings
 from django.db import DataError, IntegrityError
 
 from controlplane.runs import selectors
+from controlplane.runs.models import CompletionSplit
 from controlplane.runs.services import ingest
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
 
@@ -44,14 +51,27 @@ MAX_READ_BYTES = settings.GRPO_INGEST_MAX_READ_BYTES
 
 @dataclass
 class _Cursor:
-    """One file's read position: bytes consumed, and (completions) the block's step and rows."""
+    """One file's read position: bytes consumed, and (completions) the training block's step and
+    rows, the eval block's step and rows."""
 
     offset: int = 0
     step: int | None = None
     count: int = 0
+    eval_step: int | None = None
+    eval_count: int = 0
 
-    def saved(self) -> tuple[int, int | None, int]:
-        return (self.offset, self.step, self.count)
+    def saved(self) -> tuple[int, int | None, int, int | None, int]:
+        return (self.offset, self.step, self.count, self.eval_step, self.eval_count)
+
+    def next_index(self, split: str, step: int) -> int:
+        """The index of the next row of ``split`` at ``step`` (moving that split's block on)."""
+        if split == CompletionSplit.EVAL:
+            index = self.eval_count if step == self.eval_step else 0
+            self.eval_step, self.eval_count = step, index + 1
+        else:
+            index = self.count if step == self.step else 0
+            self.step, self.count = step, index + 1
+        return index
 
 
 @dataclass
@@ -62,7 +82,8 @@ class _Record:
     cursor: _Cursor
     step: int
     payload: dict[str, Any]
-    index: int = 0  # completions: the row's index within its step
+    index: int = 0  # completions: the row's index within its step and split
+    split: str = CompletionSplit.TRAIN  # completions: train, or eval for a row with "eval": true
 
 
 @dataclass
@@ -121,9 +142,11 @@ class RunOutputTailer:
         """The next completion rows start a new block (a trainer attempt is about to start)."""
         self._load()
         cursor = self._cursors.setdefault(COMPLETIONS_FILE, _Cursor())
-        if cursor.step is not None:
-            ingest.run_output_ingest(run_id=self.run_id, cursors={COMPLETIONS_FILE: (cursor.offset, None, 0)})
-            cursor.step, cursor.count = None, 0
+        if cursor.step is not None or cursor.eval_step is not None:
+            ingest.run_output_ingest(
+                run_id=self.run_id, cursors={COMPLETIONS_FILE: (cursor.offset, None, 0, None, 0)}
+            )
+            cursor.step, cursor.count, cursor.eval_step, cursor.eval_count = None, 0, None, 0
 
     # ------------------------------------------------------------------------------------ reading
     def _load(self) -> None:
@@ -143,22 +166,22 @@ class RunOutputTailer:
             data = self._new_bytes(name, cursor)
             if data is None:
                 continue
-            position = _Cursor(cursor.offset, cursor.step, cursor.count)
+            position = dataclasses.replace(cursor)
             if data == b"":  # the file was replaced by a shorter one: read it again from the start
                 position = _Cursor()
                 data = self._new_bytes(name, position) or b""
             for line in data.splitlines(keepends=True):
-                position = _Cursor(position.offset + len(line), position.step, position.count)
+                position = dataclasses.replace(position, offset=position.offset + len(line))
                 read.lines += 1
                 parsed = _parse(line)
                 if parsed is None:
                     continue  # a line cut by a killed writer, or not ours
                 step, payload = parsed
-                index = 0
+                index, split = 0, CompletionSplit.TRAIN
                 if name == COMPLETIONS_FILE:
-                    index = position.count if step == position.step else 0
-                    position.step, position.count = step, index + 1
-                read.records.append(_Record(name, position, step, payload, index))
+                    split = CompletionSplit.EVAL if payload.get("eval") is True else CompletionSplit.TRAIN
+                    index = position.next_index(split, step)
+                read.records.append(_Record(name, position, step, payload, index, split))
             read.cursors[name] = position
         return read
 
@@ -199,14 +222,15 @@ class RunOutputTailer:
         attempt: int | None = None,
     ) -> None:
         metrics = [(r.step, _metric_values(r.payload)) for r in records if r.name == METRICS_FILE]
-        blocks: list[tuple[int, int, list[dict[str, Any]]]] = []
+        blocks: list[tuple[str, int, int, list[dict[str, Any]]]] = []  # (split, step, first index, rows)
         for r in records:
             if r.name != COMPLETIONS_FILE:
                 continue
-            if blocks and blocks[-1][0] == r.step and blocks[-1][1] + len(blocks[-1][2]) == r.index:
-                blocks[-1][2].append(r.payload)
+            last = blocks[-1] if blocks else None
+            if last and (last[0], last[1]) == (r.split, r.step) and last[2] + len(last[3]) == r.index:
+                last[3].append(r.payload)
             else:
-                blocks.append((r.step, r.index, [r.payload]))
+                blocks.append((r.split, r.step, r.index, [r.payload]))
         ingest.run_output_ingest(
             run_id=self.run_id,
             metrics=metrics,

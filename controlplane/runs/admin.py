@@ -32,7 +32,8 @@ class MetricPointAdmin(admin.ModelAdmin):
 
 @admin.register(CompletionSample)
 class CompletionSampleAdmin(admin.ModelAdmin):
-    list_display = ("run", "step", "index", "reward", "advantage")
+    list_display = ("run", "split", "step", "index", "reward", "advantage")
+    list_filter = ("split",)
     raw_id_fields = ("run",)
 
 

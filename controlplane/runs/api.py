@@ -29,6 +29,7 @@ from controlplane.runs.serializers import (
     CompletionOutputSerializer,
     CompletionsQuerySerializer,
     CompletionStepSerializer,
+    CompletionStepsQuerySerializer,
     DiagnosisOutputSerializer,
     EventOutputSerializer,
     EventsQuerySerializer,
@@ -355,7 +356,8 @@ class CompletionGroupPagination(PageSizePagination):
 
 class RunCompletionsApi(DownloadNegotiationMixin, APIView):
     @extend_schema(
-        summary="Sampled completions (newest step first, paginated), filtered (q, reward range, group, "
+        summary="Sampled completions of one split (training by default; ?split=eval: the ones scored on "
+        "eval_dataset) (newest step first, paginated), filtered (q, reward range, group, "
         "mixed or zero-advantage groups) and sorted on the server; ?by=group pages whole groups, each "
         "with all its rollouts (CompletionGroup). With ?format=csv|json every matching sample as a "
         "download, oldest step first",
@@ -378,7 +380,7 @@ class RunCompletionsApi(DownloadNegotiationMixin, APIView):
                     rows=selectors.run_completion_rows(run=run, filters=filters),
                 ),
                 fmt=fmt,
-                filename=f"run-{run.pk}-completions.{fmt}",
+                filename=f"run-{run.pk}-{'' if filters.split == 'train' else 'eval-'}completions.{fmt}",
             )
         if query.validated_data["by"] == "group":
             paginator = CompletionGroupPagination()
@@ -403,13 +405,16 @@ class RunCompletionsApi(DownloadNegotiationMixin, APIView):
 
 class RunCompletionStepsApi(APIView):
     @extend_schema(
-        summary="Every step that has sampled completions, newest first, with its sample and group "
-        "counts (the run page's step picker)",
+        summary="Every step that has sampled completions of one split (?split=train|eval, default "
+        "train), newest first, with its sample count (the run page's step picker)",
+        parameters=[CompletionStepsQuerySerializer],
         responses=inline_serializer("CompletionSteps", {"steps": CompletionStepSerializer(many=True)}),
     )
     def get(self, request: Request, run_id: int) -> Response:
         run = selectors.run_get(user=request.user, run_id=run_id)
-        steps = selectors.run_completion_steps(run=run)
+        query = CompletionStepsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        steps = selectors.run_completion_steps(run=run, split=query.validated_data["split"])
         return Response({"steps": CompletionStepSerializer(steps, many=True).data})
 
 

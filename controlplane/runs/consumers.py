@@ -5,8 +5,10 @@ run's channel-layer group ``run-<id>`` receives, in arrival order:
 
     {"type": "status", "status": "running", "step": 12, ...}
     {"type": "metrics", "step": 13, "values": {"reward": 0.5, ...},   one message per logging step
-     "time": 1767225600.5, "attempt": 1}                               (when logged, unix s; by which attempt)
-    {"type": "completions", "step": 13, "items": [...]}             one message per logged batch
+     "time": 1767225600.5, "attempt": 1}                               (when logged, unix s; by which attempt;
+                                                                       an eval line: an earlier step's eval/* names)
+    {"type": "completions", "step": 13, "split": "train", "items": [...]}   one message per logged batch
+                                                                       (split "eval": scored on eval_dataset)
     {"type": "event", "id": 7, "kind": "log", "message": "...", "created_at": "..."}
     {"type": "checkpoint", "step": 50, "path": ".../checkpoint-50", "created_at": "..."}   one per saved checkpoint
 
@@ -119,7 +121,15 @@ class RunStreamConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(_metrics_message(item))
 
     async def run_completions(self, message: dict[str, Any]) -> None:
-        await self.send_json({"type": "completions", "step": message["step"], "items": message["items"]})
+        await self.send_json(
+            {
+                "type": "completions",
+                "step": message["step"],
+                # train, or eval (scored on eval_dataset with the step's weights); absent: train
+                "split": message.get("split", "train"),
+                "items": message["items"],
+            }
+        )
 
     async def run_status(self, message: dict[str, Any]) -> None:
         await self.send_json({**message, "type": "status"})

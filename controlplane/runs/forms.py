@@ -13,7 +13,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 
-from controlplane.runs.selectors import MAIN_ARGS
+from controlplane.runs.selectors import EVAL_ARGS, MAIN_ARGS
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES
 from trainer import registry
 from trainer.run_schema import FIELDS, FieldSpec
@@ -21,12 +21,22 @@ from trainer.run_schema import FIELDS, FieldSpec
 MAX_SOURCE_CHARS = 1000
 # RUN.yaml's hub options, one form field each.
 HUB_KEYS = ("model_revision", "dataset_revision", "dataset_config", "dataset_split", "dataset_columns")
+# RUN.yaml's evaluation set (issue 30), one form field each; its args are EVAL_ARGS.
+EVAL_KEYS = ("eval_dataset", "eval_dataset_split", "eval_dataset_revision", "eval_dataset_config")
 
 
 def _arg_field(name: str, spec: FieldSpec) -> forms.Field:
     """A form field for one AsyncGRPOConfig field (int, float or bool), initial = its default."""
     label = name.replace("_", " ")
     kinds = spec.kinds or ()
+    if spec.choices:
+        return forms.ChoiceField(
+            required=False,
+            initial=spec.default,
+            label=label,
+            help_text=spec.help,
+            choices=[(c, c) for c in spec.choices],
+        )
     if "bool" in kinds:
         return forms.BooleanField(required=False, initial=spec.default, label=label, help_text=spec.help)
     if "float" in kinds:
@@ -92,7 +102,8 @@ def _registry_choices(kind: str) -> list[tuple[str, str]]:
 
 
 def _main_arg_fields() -> dict[str, tuple[forms.Field, Any]]:
-    return {name: (_arg_field(name, FIELDS[name]), FIELDS[name].default) for name in MAIN_ARGS}
+    """The main hyper-parameters' and the evaluation args' fields, each with its default."""
+    return {name: (_arg_field(name, FIELDS[name]), FIELDS[name].default) for name in (*MAIN_ARGS, *EVAL_ARGS)}
 
 
 class RunForm(forms.Form):
@@ -123,6 +134,23 @@ class RunForm(forms.Form):
         required=False, max_length=200, help_text="the dataset's config name, if any"
     )
     dataset_split = forms.CharField(required=False, max_length=200, help_text="default: train")
+    eval_dataset = forms.CharField(
+        label="eval dataset",
+        required=False,
+        max_length=MAX_SOURCE_CHARS,
+        widget=forms.TextInput(attrs={"list": "dataset-choices", "autocomplete": "off", "size": 50}),
+        help_text="held-out prompts scored during training (the same forms as the dataset, read with "
+        "its column names); needs an eval strategy below",
+    )
+    eval_dataset_split = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text="default: test (a registered dataset or .jsonl file has one)",
+    )
+    eval_dataset_revision = forms.CharField(
+        required=False, max_length=200, help_text="hub datasets: branch, tag or commit"
+    )
+    eval_dataset_config = forms.CharField(required=False, max_length=200, help_text="its config name, if any")
     dataset_columns = forms.CharField(
         required=False,
         max_length=4000,
@@ -162,6 +190,11 @@ class RunForm(forms.Form):
     def main_arg_names(self) -> tuple[str, ...]:
         return MAIN_ARGS
 
+    @property
+    def eval_names(self) -> tuple[str, ...]:
+        """The evaluation section's fields: the eval set, then its args."""
+        return (*EVAL_KEYS, *EVAL_ARGS)
+
     def clean_dataset_columns(self) -> dict:
         return _json_object(self.cleaned_data.get("dataset_columns"), example='{"question": "prompt"}')
 
@@ -182,7 +215,7 @@ class RunForm(forms.Form):
             raise forms.ValidationError("not valid JSON: nested too deeply") from None
         if not isinstance(value, dict):
             raise forms.ValidationError("must be a JSON object of AsyncGRPOConfig fields")
-        clashes = sorted(set(value) & set(MAIN_ARGS))
+        clashes = sorted(set(value) & {*MAIN_ARGS, *EVAL_ARGS})
         if clashes:
             raise forms.ValidationError(f"set {', '.join(clashes)} in the form's own fields, not here")
         return value
@@ -198,11 +231,17 @@ class RunForm(forms.Form):
         """The RUN.yaml document of the cleaned values; a field that did not clean is left out of
         ``args`` (the spec's default stands in) so that the others can still be validated."""
         args: dict[str, Any] = {}
-        for name in MAIN_ARGS:
+        for name in (*MAIN_ARGS, *EVAL_ARGS):
             value = data.get(name)
             default = self._defaults[name]
-            if isinstance(value, float) and value.is_integer() and isinstance(default, int):
-                value = int(value)  # e.g. save_steps: annotated float, written as a step count
+            if value == "" and default is not None:
+                value = None  # an empty choice: the default
+            if (
+                isinstance(value, float)
+                and value.is_integer()
+                and (isinstance(default, int) or (default is None and value >= 1))
+            ):
+                value = int(value)  # e.g. save_steps, eval_steps: annotated float, written as a step count
             if value is not None and value != default:
                 args[name] = value
         args.update(data.get("advanced") or {})
@@ -211,7 +250,7 @@ class RunForm(forms.Form):
             "train_dataset": (data.get("train_dataset") or "").strip(),
             "reward_funcs": list(data.get("reward_funcs") or []),
         }
-        for key in HUB_KEYS:
+        for key in (*HUB_KEYS, *EVAL_KEYS):
             value = data.get(key)
             if value:
                 document[key] = value.strip() if isinstance(value, str) else value
@@ -232,7 +271,7 @@ class RunForm(forms.Form):
 
     def field_for_path(self, path: str) -> str | None:
         head = path.split("[", 1)[0]
-        if head in ("model", "train_dataset", "reward_funcs", *HUB_KEYS):
+        if head in ("model", "train_dataset", "reward_funcs", *HUB_KEYS, *EVAL_KEYS):
             return head
         if head.split(".", 1)[0] == "resources":
             return "resources"

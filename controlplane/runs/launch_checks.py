@@ -17,6 +17,9 @@ the model and the vLLM server the run will use, and reports ``{field path: messa
 * ``args.token_budget`` (if set) holds one prompt and one full completion (else such a sample fits no
   row and is dropped);
 * the dataset feeds the rollout: a ``prompt`` column, text-only prompts the chat template renders;
+  so does ``eval_dataset`` (its split ``eval_dataset_split``, the same ``dataset_columns``), whose
+  longest prompt plus ``max_completion_length`` must fit the server's context too (refused under
+  ``eval_dataset``, or ``eval_dataset_split`` for a split it does not have);
 * a named server serves the run's model, and has the LoRA adapter slots the trainer checks for
   adapter-only sync (``max_staleness + 2``, rank); so does a run's own server started with
   ``--enable-lora`` (``GRPO_VLLM_EXTRA_ARGS``).
@@ -50,7 +53,7 @@ from django.conf import settings
 from trainer import registry
 from trainer.hub import cached_snapshot, is_hub_id
 from trainer.resources import Resources, parse_resources
-from trainer.run_config import RunConfigError
+from trainer.run_config import DEFAULT_EVAL_SPLIT, RunConfigError
 from trainer.run_lengths import (
     ContextLimit,
     PromptLengths,
@@ -122,6 +125,13 @@ def _launch_errors(document: dict) -> dict[str, str]:
     prompts, dataset_error = _prompt_lengths(document=document, model_dir=model_dir)
     if dataset_error:
         errors["train_dataset"] = dataset_error
+    evals = _eval_source(document)
+    eval_prompts, eval_error = (None, {})
+    if evals is not None:
+        eval_prompts, eval_error = _source_prompt_lengths(
+            document=document, model_dir=model_dir, source=evals
+        )
+        errors.update(eval_error)
     if resources.server is None:
         limit, server_errors = _own_server_limit(model=model, model_dir=model_dir, resources=resources)
         where = "the run's vLLM server"
@@ -136,6 +146,16 @@ def _launch_errors(document: dict) -> dict[str, str]:
             limit=limit,
             where=where,
             own_server=resources.server is None,
+        ).items():
+            errors.setdefault(field, message)
+    if limit is not None and eval_prompts is not None and not eval_error:
+        for field, message in _length_errors(
+            completion=completion,
+            prompts=eval_prompts,
+            limit=limit,
+            where=where,
+            own_server=resources.server is None,
+            field="eval_dataset",
         ).items():
             errors.setdefault(field, message)
     budget = args.get("token_budget")
@@ -155,10 +175,13 @@ def _launch_errors(document: dict) -> dict[str, str]:
     return errors
 
 
-def per_run_max_model_len(*, document: dict, model_dir: str, dataset: str | None) -> ContextPlan:
-    """The ``max_model_len`` of the run's own vLLM server, once ``model_dir`` and ``dataset`` are local
+def per_run_max_model_len(
+    *, document: dict, model_dir: str, dataset: str | None, eval_dataset: str | None = None
+) -> ContextPlan:
+    """The ``max_model_len`` of the run's own vLLM server, once ``model_dir`` and ``dataset`` (and
+    ``eval_dataset``, whose prompts the same server completes) are local
     (the worker, before it starts the server): ``resources.vllm.max_model_len`` when given, else the
-    run's lengths (longest prompt + ``max_completion_length``) rounded up to a multiple of
+    run's lengths (longest prompt of either dataset + ``max_completion_length``) rounded up to a multiple of
     ``GRPO_VLLM_MAX_MODEL_LEN_MULTIPLE`` and capped at the model's limit. When not every prompt was
     measured (a sampled dataset, prompts from an environment) or turns add to the context (tools,
     environments), it is at least the former fixed default (2048 tokens, or the model's limit).
@@ -184,6 +207,33 @@ def per_run_max_model_len(*, document: dict, model_dir: str, dataset: str | None
     refusal = _length_errors(
         completion=completion, prompts=prompts, limit=limit, where="the run's vLLM server"
     )
+    evals = _eval_source(document)
+    if evals is not None and eval_dataset:
+        try:
+            eval_prompts = _measure(
+                document=document, model_dir=model_dir, dataset=eval_dataset, source=evals
+            )
+        except Exception as exc:
+            note += f" (eval prompts not measured: {type(exc).__name__}: {str(exc)[:200]})"
+        else:
+            for field, message in _length_errors(
+                completion=completion,
+                prompts=eval_prompts,
+                limit=limit,
+                where="the run's vLLM server",
+                field="eval_dataset",
+            ).items():
+                refusal.setdefault(field, message)
+            # Both sets' rows: the longest of either sizes the server, "sampled" when either was.
+            prompts = (
+                eval_prompts
+                if prompts is None
+                else PromptLengths(
+                    max(prompts.longest, eval_prompts.longest),
+                    prompts.measured + eval_prompts.measured,
+                    prompts.total + eval_prompts.total,
+                )
+            )
     if refusal:
         field, message = next(iter(refusal.items()))
         raise LaunchRefused(f"{field}: {message}")
@@ -372,32 +422,79 @@ def _prompt_columns(document: dict) -> set[str]:
     return set() if document.get("environment_factory") else {"prompt"}
 
 
-def _local_dataset(document: dict) -> str | None:
-    """The run's dataset as the trainer loads it, without fetching: a hub id not in the local cache
-    gives None (the worker downloads it later)."""
-    dataset = document.get("train_dataset")
+@dataclass(frozen=True)
+class _DatasetSource:
+    """One dataset the run reads prompts from, as the document names it, and the fields its
+    problems are reported under (``field``; ``split_field`` for a split it does not have)."""
+
+    field: str
+    split_field: str
+    name: Any
+    revision: str | None
+    config: str | None
+    split: str
+
+
+def _train_source(document: dict) -> _DatasetSource:
+    return _DatasetSource(
+        field="train_dataset",
+        split_field="dataset_split",
+        name=document.get("train_dataset"),
+        revision=document.get("dataset_revision"),
+        config=document.get("dataset_config"),
+        split=document.get("dataset_split") or "train",
+    )
+
+
+def _eval_source(document: dict) -> _DatasetSource | None:
+    """``eval_dataset`` (read with the training set's ``dataset_columns``), or None when not set or
+    when an environment makes the prompts (its ``reset`` may write them, as for the training set)."""
+    if not isinstance(document.get("eval_dataset"), str) or not document["eval_dataset"]:
+        return None
+    if "prompt" not in _prompt_columns(document):
+        return None
+    return _DatasetSource(
+        field="eval_dataset",
+        split_field="eval_dataset_split",
+        name=document["eval_dataset"],
+        revision=document.get("eval_dataset_revision"),
+        config=document.get("eval_dataset_config"),
+        split=document.get("eval_dataset_split") or DEFAULT_EVAL_SPLIT,
+    )
+
+
+def _local_dataset(document: dict, source: _DatasetSource | None = None) -> str | None:
+    """The run's dataset (``source``; default the training set) as the trainer loads it, without
+    fetching: a hub id not in the local cache gives None (the worker downloads it later)."""
+    source = source or _train_source(document)
+    dataset = source.name
     if not isinstance(dataset, str) or not dataset:
         return None
     if is_hub_id(dataset) and not registry.is_registered("dataset", dataset) and not Path(dataset).exists():
-        path = cached_snapshot(dataset, repo_type="dataset", revision=document.get("dataset_revision"))
+        path = cached_snapshot(dataset, repo_type="dataset", revision=source.revision)
         return str(path) if path is not None else None
     return dataset
 
 
-def _measure(*, document: dict, model_dir: str, dataset: str) -> PromptLengths:
-    """The dataset's longest prompt with the model's tokenizer (:func:`trainer.run_lengths.run_prompt_lengths`)."""
+def _measure(
+    *, document: dict, model_dir: str, dataset: str, source: _DatasetSource | None = None
+) -> PromptLengths:
+    """The dataset's longest prompt with the model's tokenizer (:func:`trainer.run_lengths.run_prompt_lengths`);
+    ``source`` gives its config and split (default the training set's)."""
     from trainer.run_schema import parse_json_object
 
+    source = source or _train_source(document)
     args = document.get("args") or {}
     return run_prompt_lengths(
         model_dir=model_dir,
         dataset=dataset,
-        dataset_config=document.get("dataset_config"),
-        dataset_split=document.get("dataset_split") or "train",
+        dataset_config=source.config,
+        dataset_split=source.split,
         dataset_columns=document.get("dataset_columns") or None,
         tools=list(document.get("tools") or []),
         chat_template_kwargs=parse_json_object("chat_template_kwargs", args.get("chat_template_kwargs")),
         sample_rows=settings.GRPO_PREFLIGHT_SAMPLE_ROWS,
+        field=source.field,
     )
 
 
@@ -417,6 +514,31 @@ def _prompt_lengths(*, document: dict, model_dir: str | None) -> tuple[PromptLen
     except Exception:  # anything else is this host's problem, not the document's: not refused
         logger.warning("preflight: could not measure the prompts of %r", dataset, exc_info=True)
         return None, ""
+
+
+def _source_prompt_lengths(
+    *, document: dict, model_dir: str | None, source: _DatasetSource
+) -> tuple[PromptLengths | None, dict[str, str]]:
+    """``(the longest prompt of ``source`` or None when it cannot be measured here, {field: why it
+    cannot feed the rollout})``: a split it lacks under ``source.split_field``, the rest under
+    ``source.field``."""
+    dataset = _local_dataset(document, source)
+    if model_dir is None or dataset is None:
+        return None, {}
+    try:
+        return _measure(document=document, model_dir=model_dir, dataset=dataset, source=source), {}
+    except TokenizerUnavailable:
+        return None, {}
+    except ValueError as exc:
+        text = str(exc)
+        if "split" in text.lower() and source.split.lower() in text.lower():
+            return None, {
+                source.split_field: f"{source.split!r}: {source.name!r} {text}; name a split it has"
+            }
+        return None, {source.field: f"{source.name!r} {text}"}
+    except Exception:  # this host's problem, not the document's: not refused
+        logger.warning("preflight: could not measure the prompts of %r", dataset, exc_info=True)
+        return None, {}
 
 
 def _prompt_words(prompts: PromptLengths | None) -> str:
@@ -457,8 +579,11 @@ def _length_errors(
     limit: ContextLimit,
     where: str,
     own_server: bool = True,
+    field: str = "train_dataset",
 ) -> dict[str, str]:
-    """The refusal (one field, one line) when a prompt and a full completion do not fit ``limit``."""
+    """The refusal (one field, one line) when a prompt and a full completion do not fit ``limit``:
+    under ``field`` when the prompts alone fill it, else under ``args.max_completion_length`` (for the
+    training set; an eval set's overflow stays under its own ``field``)."""
     raise_it = (
         "set resources.vllm.max_model_len"
         if own_server and limit.source != "resources.vllm.max_model_len"
@@ -469,7 +594,7 @@ def _length_errors(
     source = f"{limit.tokens}-token limit of {where} (max_model_len), which comes from {limit.source}"
     if prompts is not None and prompts.longest >= limit.tokens:
         return {
-            "train_dataset": (
+            field: (
                 f"{prompts.text()} leaves no room for a completion in the {source}; shorten the prompts "
                 f"or {raise_it}"
             )
@@ -487,6 +612,8 @@ def _length_errors(
             f"{completion} tokens plus {prompts.text()} make {longest + completion}, over the {source}; "
             f"set max_completion_length to at most {limit.tokens - longest}"
         )
+    if field != "train_dataset":
+        return {field: f"its prompts leave too little room for a completion: {message}"}
     return {"args.max_completion_length": message}
 
 

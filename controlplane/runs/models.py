@@ -209,9 +209,10 @@ class MetricPoint(models.Model):
 
 class MetricStep(models.Model):
     """When a logging step was logged (the ``timestamp`` of its ``metrics.jsonl`` row, else the time
-    it was stored) and by which attempt of the run: the dashboard's wall-time and relative-time axes
-    and its resume markers (the first step of each attempt after the first). A re-logged step (a
-    resumed attempt re-doing it) takes the newer time and attempt."""
+        it was stored) and by which attempt of the run: the dashboard's wall-time and relative-time axes
+        and its resume markers (the first step of each attempt after the first). A re-logged step (a
+        resumed attempt re-doing it) takes the newer time and attempt; an eval line (only ``eval/*``
+    names, written after later steps' lines) leaves them."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_steps", db_index=False)
     step = models.PositiveIntegerField()
@@ -228,8 +229,17 @@ class MetricStep(models.Model):
         return f"step {self.step} of run {self.run_id} (attempt {self.attempt})"
 
 
+class CompletionSplit(models.TextChoices):
+    """Which pass sampled a completion: the training rollouts, or an evaluation on ``eval_dataset``
+    (a ``completions.jsonl`` row with ``"eval": true``; scored with the weights of its step)."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+
+
 # A completion's fields: the API's rows and a download's columns, in CSV column order (``rewards``:
-# per function, a JSON object; ``reference``: the dataset row's reference answer, "" when none).
+# per function, a JSON object; ``reference``: the dataset row's reference answer, "" when none;
+# ``split``: train or eval, last so that the older columns keep their places).
 COMPLETION_FIELDS = (
     "step",
     "index",
@@ -241,6 +251,7 @@ COMPLETION_FIELDS = (
     "group_id",
     "row_index",
     "reference",
+    "split",
 )
 
 
@@ -248,8 +259,16 @@ class CompletionSample(models.Model):
     """One sampled (prompt, completion) pair with its reward(s) and advantage."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="completion_samples")
+    # Training rows and eval rows of one step are numbered apart (each from 0): (run, split, step, index).
+    # db_default too: rows inserted without the column (bench/completions_query.py) are training rows.
+    split = models.CharField(
+        max_length=8,
+        choices=CompletionSplit.choices,
+        default=CompletionSplit.TRAIN,
+        db_default=CompletionSplit.TRAIN,
+    )
     step = models.PositiveIntegerField()
-    index = models.PositiveIntegerField()  # position within the step's logged batch
+    index = models.PositiveIntegerField()  # position within the step's logged batch (of its split)
     prompt = models.TextField()
     completion = models.TextField()
     reward = models.FloatField(null=True, blank=True)
@@ -263,15 +282,22 @@ class CompletionSample(models.Model):
     class Meta:
         ordering = ["step", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "step", "index"], name="completion_unique_run_step_index"),
+            # Also the index of one split's steps (selectors.run_completion_steps' GROUP BY step).
+            models.UniqueConstraint(
+                fields=["run", "split", "step", "index"], name="completion_unique_run_split_step_index"
+            ),
+            models.CheckConstraint(
+                condition=Q(split__in=CompletionSplit.values), name="completion_split_valid"
+            ),
         ]
         indexes = [
             # The completions table's pages of groups (selectors.run_completion_groups): GROUP BY
-            # (step, group_id) in index order with the aggregated columns in the index (index-only).
+            # (step, group_id) of one split in index order with the aggregated columns in the index
+            # (index-only).
             models.Index(
-                fields=["run", "step", "group_id"],
+                fields=["run", "split", "step", "group_id"],
                 include=["reward", "advantage"],
-                name="completion_run_step_group",
+                name="completion_split_step_group",
             ),
         ]
 
@@ -347,9 +373,13 @@ class RunFileCursor(models.Model):
     name = models.CharField(max_length=64)  # the file's name in the run's output folder
     offset = models.PositiveBigIntegerField(default=0)  # bytes: just past the last ingested line
     # completions only: the step of the block being read and its rows so far, so that a block split
-    # across two reads continues its indices (a new attempt starts a new block)
+    # across two reads continues its indices (a new attempt starts a new block); training rows here,
+    # eval rows (``"eval": true``, numbered apart) in eval_step / eval_count, so that the two kinds
+    # of rows may interleave in the file
     step = models.IntegerField(null=True, blank=True)
     count = models.PositiveIntegerField(default=0)
+    eval_step = models.IntegerField(null=True, blank=True)
+    eval_count = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

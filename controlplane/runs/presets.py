@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.runs.models import Checkpoint, Run
-from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
+from controlplane.runs.selectors import EVAL_ARGS, MAIN_ARGS, main_arg_defaults
 from controlplane.runs.services import demo_config
 from trainer import registry
 from trainer.run_config import TOP_LEVEL_KEYS
@@ -73,10 +73,14 @@ class RunFormPrefill:
 
 
 def form_args_split(*, args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` as the form shows them: every main field (the spec's default where ``args`` leaves it
-    out) plus ``advanced``, the JSON text of the other keys ("" when there are none)."""
-    values = {**main_arg_defaults(), **{k: v for k, v in args.items() if k in MAIN_ARGS}}
-    rest = {k: v for k, v in args.items() if k not in MAIN_ARGS}
+    """``args`` as the form shows them: every main and evaluation field (the spec's default where
+    ``args`` leaves it out) plus ``advanced``, the JSON text of the other keys ("" when there are none)."""
+    from trainer.run_schema import DEFAULTS
+
+    fields = (*MAIN_ARGS, *EVAL_ARGS)
+    defaults = {**main_arg_defaults(), **{name: DEFAULTS[name] for name in EVAL_ARGS}}
+    values = {**defaults, **{k: v for k, v in args.items() if k in fields}}
+    rest = {k: v for k, v in args.items() if k not in fields}
     return {**values, "advanced": json.dumps(rest) if rest else ""}
 
 
@@ -114,7 +118,16 @@ def run_clone_prefill(*, run: Run) -> RunFormPrefill:
         "reward_funcs": [reward_funcs] if isinstance(reward_funcs, str) else list(reward_funcs),
         **{
             key: config[key]
-            for key in ("model_revision", "dataset_revision", "dataset_config", "dataset_split")
+            for key in (
+                "model_revision",
+                "dataset_revision",
+                "dataset_config",
+                "dataset_split",
+                "eval_dataset",
+                "eval_dataset_revision",
+                "eval_dataset_config",
+                "eval_dataset_split",
+            )
             if config.get(key)
         },
         **form_args_split(args=args),

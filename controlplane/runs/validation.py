@@ -36,7 +36,7 @@ from controlplane.runs.selectors import dataset_summary
 from trainer import registry
 from trainer.hub import is_hub_id
 from trainer.resources import Resources, parse_resources, resources_errors
-from trainer.run_config import RunConfigError, run_document_errors
+from trainer.run_config import DEFAULT_EVAL_SPLIT, RunConfigError, run_document_errors
 
 MAX_DOCUMENT_BYTES = 64_000
 MAX_DOCUMENT_DEPTH = 32
@@ -187,11 +187,18 @@ def _control_plane_errors(doc: dict, owner: Any = None) -> dict[str, str]:
         if message:
             errors["model"] = message
     dataset = doc.get("train_dataset")
-    if isinstance(dataset, str) and dataset and not registry.is_registered("dataset", dataset):
-        message = _source_error(dataset, "dataset")
-        if message:
-            errors["train_dataset"] = message
-    for key, source in (("model_revision", model), ("dataset_revision", dataset)):
+    eval_dataset = doc.get("eval_dataset")
+    # eval_dataset takes the same forms as train_dataset, under the same rules (roots, links, hub allowlist).
+    for field, value in (("train_dataset", dataset), ("eval_dataset", eval_dataset)):
+        if isinstance(value, str) and value and not registry.is_registered("dataset", value):
+            message = _source_error(value, "dataset")
+            if message:
+                errors[field] = message
+    for key, source in (
+        ("model_revision", model),
+        ("dataset_revision", dataset),
+        ("eval_dataset_revision", eval_dataset),
+    ):
         if doc.get(key) is not None and not is_hub_id(source):
             errors.setdefault(key, "applies to a hub id only (org/name)")
     errors.update(
@@ -271,32 +278,49 @@ def _resources_errors(resources: Resources) -> dict[str, str]:
 
 def _column_errors(doc: dict) -> dict[str, str]:
     """Each reward function whose required columns (parameters without a default) the dataset lacks,
-    naming both; or the dataset itself when it cannot be loaded. Only registered names get here."""
-    dataset = doc.get("train_dataset")
+    naming both (under ``reward_funcs[i]``; for ``eval_dataset``, whose rows the same functions score,
+    under ``eval_dataset``); or the dataset itself when it cannot be loaded. Only registered names get here."""
     rewards = doc.get("reward_funcs")
     rewards = [rewards] if isinstance(rewards, str) else rewards
-    if not isinstance(dataset, str) or not dataset or not isinstance(rewards, list):
+    if not isinstance(rewards, list):
         return {}
-    if is_hub_id(dataset) and not registry.is_registered("dataset", dataset):
-        return {}  # the web never fetches: the worker checks when it loads it
     entries = registry.entries("reward_func")
     needed = {i: entries[n].required for i, n in enumerate(rewards) if isinstance(n, str) and n in entries}
     if not any(needed.values()):
         return {}
-    try:
-        columns = dataset_summary(name=dataset)["columns"]
-    except ValueError as exc:
-        return {"train_dataset": f"{dataset!r} {exc}"}
     renames = doc.get("dataset_columns") if isinstance(doc.get("dataset_columns"), dict) else {}
-    columns = [renames.get(c, c) for c in columns]
-    errors = {}
-    for i, required in needed.items():
-        missing = [c for c in required if c not in columns]
-        if missing:
-            errors[f"reward_funcs[{i}]"] = (
+    errors: dict[str, str] = {}
+    splits = {
+        "train_dataset": doc.get("dataset_split") or "train",
+        "eval_dataset": doc.get("eval_dataset_split") or DEFAULT_EVAL_SPLIT,
+    }
+    for field, split in splits.items():
+        dataset = doc.get(field)
+        if not isinstance(dataset, str) or not dataset:
+            continue
+        if is_hub_id(dataset) and not registry.is_registered("dataset", dataset):
+            continue  # the web never fetches: the worker checks when it loads it
+        try:
+            columns = dataset_summary(name=dataset, split=split if isinstance(split, str) else "train")[
+                "columns"
+            ]
+        except ValueError as exc:
+            if f"no split {split!r}" in str(exc) or "Unknown split" in str(exc):
+                split_field = "dataset_split" if field == "train_dataset" else "eval_dataset_split"
+                errors[split_field] = f"{split!r}: {dataset!r} {exc}; name a split it has"
+            else:
+                errors[field] = f"{dataset!r} {exc}"
+            continue
+        columns = [renames.get(c, c) for c in columns]
+        for i, required in needed.items():
+            missing = [c for c in required if c not in columns]
+            if not missing:
+                continue
+            message = (
                 f"{rewards[i]!r} reads column(s) {', '.join(missing)}, which dataset {dataset!r} does not "
                 f"have (its columns: {', '.join(columns)}); choose another dataset or reward function"
             )
+            errors.setdefault(f"reward_funcs[{i}]" if field == "train_dataset" else field, message)
     return errors
 
 
@@ -424,6 +448,7 @@ def local_sources_errors(*, document: dict) -> dict[str, str]:
     for field, what, setting in (
         ("model", "model", "GRPO_ALLOWED_MODEL_ROOTS"),
         ("train_dataset", "dataset", "GRPO_ALLOWED_DATASET_ROOTS"),
+        ("eval_dataset", "dataset", "GRPO_ALLOWED_DATASET_ROOTS"),
     ):
         value = document.get(field)
         if not isinstance(value, str) or "\x00" in value or not os.path.isabs(value):

@@ -179,6 +179,9 @@ def run_create_view(request: HttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "main_fields": [form[name] for name in form.main_arg_names],
+        "eval_fields": [form[name] for name in form.eval_names],
+        # the evaluation section opens when the run names an eval set or one of its fields has an error
+        "eval_open": bool(form["eval_dataset"].value()) or any(form[name].errors for name in form.eval_names),
         "presets": presets.form_presets(),
         "prefill": prefill,
         "vllm_servers": sorted(settings.GRPO_VLLM_SERVERS),
@@ -228,6 +231,8 @@ def run_detail_view(request: HttpRequest, run_id: int) -> HttpResponse:
         # the completions table: its search box's limit and groups per page (static/runs/completion_panel.js)
         "completion_search_max": settings.GRPO_COMPLETION_SEARCH_MAX_CHARS,
         "completion_groups_page": settings.GRPO_COMPLETION_GROUPS_PAGE_SIZE,
+        # an eval_dataset or eval completions: the Training/Eval switch, the eval charts pinned by default
+        "has_eval": selectors.run_has_eval(run=run),
     }
     return render(request, "runs/run_detail.html", context)
 

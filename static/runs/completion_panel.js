@@ -1,14 +1,17 @@
 // The run page's "Sampled completions" table: pages of whole groups from the server, searched,
 // filtered and sorted there, so every logged step is reachable however long the run.
 //
-//   GET {api}?by=group&page=&ordering=&step=&groups=&reward_min=&reward_max=&group_id=&q=
+//   GET {api}?by=group&page=&ordering=&step=&groups=&reward_min=&reward_max=&group_id=&q=&split=
 //       pages of groups, each with all its rollouts (a page never cuts a group)
-//   GET {steps}                          every step that has completions (the step picker)
+//   GET {steps}?split=                   every step that has completions (the step picker)
 //
-// The dashboard (dashboard.js) calls GrpoCompletionPanel.load() once, .live(step, items) for each
-// websocket "completions" message and .backfill() after a reconnect. Live samples are drawn only on
-// the default view (all steps, newest first, no filter, first page); on any other view they are
-// counted in a "N new samples" notice, so nothing moves under what the user is reading.
+// The dashboard (dashboard.js) calls GrpoCompletionPanel.load() once, .live(step, items, split) for
+// each websocket "completions" message and .backfill() after a reconnect. Live samples are drawn only
+// on the default view (all steps, newest first, no filter, first page) of their own split; on any
+// other view of that split they are counted in a "N new samples" notice, so nothing moves under what
+// the user is reading. The Training/Eval switch (shown when the run evaluates: an eval_dataset, or
+// eval samples stored or arriving) picks the split: eval groups are one eval prompt's samples at the
+// step whose weights were evaluated; samples of the other split never reach the view.
 "use strict";
 
 window.GrpoCompletionPanel = (() => {
@@ -21,7 +24,7 @@ window.GrpoCompletionPanel = (() => {
   const state = {
     loaded: false,
     pending: [], // live messages that arrived before the first page
-    view: { step: "", ordering: DEFAULT_ORDERING, groups: "", reward_min: "", reward_max: "", group_id: "", q: "" },
+    view: { split: "train", step: "", ordering: DEFAULT_ORDERING, groups: "", reward_min: "", reward_max: "", group_id: "", q: "" },
     page: 1,
     count: 0, // groups matching the view
     pageSize: parseInt(panel?.dataset.pageSize, 10) || 10,
@@ -45,10 +48,13 @@ window.GrpoCompletionPanel = (() => {
       !v.step && !v.groups && !v.reward_min && !v.reward_max && !v.group_id && !v.q;
   }
 
-  /** The view's filters as query parameters (the downloads take the same ones). */
+  /** The view's filters as query parameters (the downloads take the same ones; the training split
+   * is the API's default and is left out). */
   function filterParams() {
     const params = new URLSearchParams();
-    for (const [k, v] of Object.entries(state.view)) if (v !== "" && k !== "ordering") params.set(k, v);
+    for (const [k, v] of Object.entries(state.view)) {
+      if (v !== "" && k !== "ordering" && !(k === "split" && v === "train")) params.set(k, v);
+    }
     return params;
   }
 
@@ -68,7 +74,9 @@ window.GrpoCompletionPanel = (() => {
   }
 
   async function loadSteps() {
-    const body = await fetchJSON(panel.dataset.steps);
+    const split = state.view.split;
+    const body = await fetchJSON(split === "train" ? panel.dataset.steps : `${panel.dataset.steps}?split=${split}`);
+    if (split !== state.view.split) return 0; // switched meanwhile: the other split's steps
     for (const s of body.steps) addStepOption(s.step, s.samples);
     return body.steps.reduce((total, s) => total + s.samples, 0);
   }
@@ -97,8 +105,11 @@ window.GrpoCompletionPanel = (() => {
    * column per reward function (the union of the names its rollouts were scored by). */
   function renderGroup(group) {
     const names = [...new Set(group.rollouts.flatMap((r) => Object.keys(r.rewards || {})))].sort();
+    const evaluated = state.view.split === "eval";
+    const what = evaluated ? `eval of step ${group.step} · eval prompt ${group.group_id ?? "–"} · ${group.rollouts.length} sample(s)`
+      : `step ${group.step} · group ${group.group_id ?? "–"} · ${group.rollouts.length} rollout(s)`;
     const head = el("div", { class: "meta cgroup-head" },
-      el("span", { text: `step ${group.step} · group ${group.group_id ?? "–"} · ${group.rollouts.length} rollout(s)` }),
+      el("span", { text: what }),
       el("span", { text: `mean reward ${fmt(group.reward_mean)}` }),
       group.mixed ? el("span", { class: "badge", title: "rewards differ: this group carries a GRPO signal", text: "mixed" }) : null);
     const thead = el("tr", {},
@@ -116,7 +127,7 @@ window.GrpoCompletionPanel = (() => {
         ...names.map((n) => el("td", { class: "cnum cfunc", "data-func": n, "data-label": n, text: fmt((r.rewards || {})[n]) })),
         el("td", { class: "ctext", "data-label": "completion" }, ownPrompt, el("pre", { class: "completion-text", text: r.completion }), cut)));
     }
-    return el("section", { class: "cgroup", "data-step": String(group.step), "data-group": String(group.group_id ?? ""),
+    return el("section", { class: "cgroup", "data-split": state.view.split, "data-step": String(group.step), "data-group": String(group.group_id ?? ""),
       "data-mixed": String(!!group.mixed), "data-mean": String(group.reward_mean ?? "") },
       head,
       promptBlock(group.prompt || ""),
@@ -184,6 +195,7 @@ window.GrpoCompletionPanel = (() => {
     v.group_id = $("completion-group").value.trim();
     v.q = $("completion-search").value.trim();
     state.page = 1;
+    panel.dataset.split = v.split;
     const query = filterParams().toString();
     for (const fmtName of ["csv", "json"]) {
       const link = $(`download-completions-${fmtName}`);
@@ -249,9 +261,11 @@ window.GrpoCompletionPanel = (() => {
     if (keepPlace) window.scrollBy(0, anchor.getBoundingClientRect().top - before);
   }
 
-  function live(step, items) {
+  function live(step, items, split = "train") {
     if (!panel) return;
-    if (!state.loaded) { state.pending.push([step, items]); return; }
+    if (split === "eval") showSwitch();
+    if (!state.loaded) { state.pending.push([step, items, split]); return; }
+    if (split !== state.view.split) return; // the other split's samples: read when it is chosen
     addStepOption(step, (state.steps.get(step) || 0) + items.length);
     if (isDefaultView()) drawLive(step, items);
     else notice(items.length);
@@ -263,10 +277,32 @@ window.GrpoCompletionPanel = (() => {
     await Promise.all([loadSteps().catch((err) => console.warn("completion steps", err)), fetchPage()]);
     state.loaded = true;
     // Messages that came while the first page loaded: drawn unless the page already had them.
-    for (const [step, items] of state.pending.splice(0)) {
+    for (const [step, items, split] of state.pending.splice(0)) {
+      if (split !== state.view.split) continue;
       const fresh = items.filter((i) => !(state.shown.get(groupKey(step, i.group_id))?.group.rollouts || []).some((r) => r.index === i.index));
-      if (fresh.length) live(step, fresh);
+      if (fresh.length) live(step, fresh, split);
     }
+  }
+
+  // ---------------------------------------------------------------- training / eval
+  function showSwitch() {
+    $("completion-split").hidden = false;
+    panel.dataset.hasEval = "true";
+  }
+
+  /** Show the other split: its own steps in the picker, its first page, its downloads. */
+  async function setSplit(split) {
+    if (split === state.view.split) return;
+    state.view.split = split;
+    for (const button of $("completion-split").querySelectorAll("button")) {
+      button.setAttribute("aria-pressed", String(button.dataset.split === split));
+    }
+    state.steps.clear();
+    const select = $("completion-step");
+    for (const option of [...select.options]) if (option.value !== "") option.remove();
+    clearNotice();
+    state.shown.clear();
+    await Promise.all([loadSteps().catch((err) => console.warn("completion steps", err)), refilter()]);
   }
 
   /** After a dropped socket: the steps it missed; the default view reloads, any other counts them. */
@@ -280,6 +316,10 @@ window.GrpoCompletionPanel = (() => {
 
   // ---------------------------------------------------------------- controls
   if (panel) {
+    panel.dataset.split = state.view.split;
+    for (const button of $("completion-split").querySelectorAll("button")) {
+      button.addEventListener("click", () => setSplit(button.dataset.split));
+    }
     for (const id of ["completion-step", "completion-ordering", "completion-groups"]) $(id).addEventListener("change", refilter);
     for (const id of ["completion-search", "completion-reward-min", "completion-reward-max", "completion-group"]) {
       $(id).addEventListener("input", () => {

@@ -54,6 +54,8 @@
   }
 
   // ---------------------------------------------------------------- metrics (charts: metric_panel.js)
+  // An eval line arrives for an earlier step (after the lines of later steps): its points join the
+  // eval charts at that step, and the progress, ETA and latest step only ever move forward.
   function onMetrics(msg) {
     GrpoMetricPanel.onMetrics(msg);
     if (msg.step > state.lastStep) state.lastStep = msg.step;
@@ -330,7 +332,7 @@
       return;
     }
     if (msg.type === "metrics") onMetrics(msg);
-    else if (msg.type === "completions") GrpoCompletionPanel.live(msg.step, msg.items);
+    else if (msg.type === "completions") GrpoCompletionPanel.live(msg.step, msg.items, msg.split || "train");
     else if (msg.type === "status") {
       setStatus(msg);
       loadPlacement();
@@ -388,9 +390,15 @@
   async function backfill() {
     if (!state.historyLoaded) return; // the first history load is still under way and covers it
     // One step back: a step's completions may follow its metrics; duplicates replace, never add.
-    const since = Math.max(0, state.lastStep - 1);
+    let since = Math.max(0, state.lastStep - 1);
+    if (root.dataset.evaluates === "true") {
+      // An eval line for step S comes after the lines of later steps, so one missed while the socket
+      // was down is for a step after the last eval step shown (none shown yet: the whole history).
+      const lastEval = GrpoMetricPanel.lastStepOf("eval/");
+      since = lastEval === null ? -1 : Math.min(since, lastEval);
+    }
     const [metrics, events] = await Promise.all([
-      getJSON(`metrics/?layout=columns&since_step=${since}`),
+      getJSON(`metrics/?layout=columns${since >= 0 ? `&since_step=${since}` : ""}`),
       getJSON(eventQuery({ after_id: state.lastEventId })),
       GrpoCompletionPanel.backfill(),
     ]);

@@ -1,6 +1,7 @@
 // The run page's metric charts, as W&B / MLflow users expect them: one uPlot chart per metric,
 // grouped by the catalogue's namespaces behind a "Pinned" group (pins saved per user on the server,
-// GET/PUT {data-preferences}); a hover readout and zoom synced across every chart; EMA smoothing
+// GET/PUT {data-preferences}; while a user has saved none, the default pins plus a run's headline
+// eval charts, eval/reward and eval/pass@k, once it logs them); a hover readout and zoom synced across every chart; EMA smoothing
 // (raw faint, smoothed strong); a log scale per chart; x = step, wall time or time since the first
 // step; a dashed line where each resumed attempt starts; collapsible groups; regex/glob filter.
 //
@@ -20,6 +21,8 @@ const GrpoMetricPanel = (() => {
   const FAINT = STRONG + "40"; // the raw series under a smoothed one: same colour, 25% alpha
   const MARKER_COLORS = { attempt: { line: "#7a5af8", text: "#5925dc" }, metric: { line: "#0e9384", text: "#107569" } };
   const X_LABEL = { step: "step", wall: "wall time", relative: "time since first step" };
+  // Pinned by default (not saved) when the run logs them: the headline numbers of evaluation.
+  const EVAL_PINS = /^eval\/(reward|pass@\d+)$/;
   const STORE = { collapsed: "grpo.charts.collapsed", log: "grpo.charts.log", smoothing: "grpo.charts.smoothing", x: "grpo.charts.x" };
 
   const state = {
@@ -38,6 +41,7 @@ const GrpoMetricPanel = (() => {
     zoom: null, // [min, max] in the current x units, or null
     pendingZoom: null,
     pinned: null, // metric names (server's); null until loaded
+    defaultPins: false, // the user never saved pins: the server's defaults, and EVAL_PINS shown pinned too
     collapsed: new Set(Kit.stored(STORE.collapsed, [])),
     log: new Set(Kit.stored(STORE.log, [])),
     matcher: Kit.nameMatcher(""),
@@ -106,7 +110,13 @@ const GrpoMetricPanel = (() => {
   }
 
   function isPinned(name) {
-    return (state.pinned || []).includes(name);
+    return (state.pinned || []).includes(name) || (state.defaultPins && EVAL_PINS.test(name));
+  }
+
+  /** A pinned chart's place in the Pinned group: the saved order, then default eval pins by name. */
+  function pinRank(name) {
+    const i = state.pinned.indexOf(name);
+    return i >= 0 ? String(i).padStart(4, "0") : `z${name}`;
   }
 
   /** Put a card where it belongs: the Pinned group in pin order, else its namespace in name order. */
@@ -117,7 +127,7 @@ const GrpoMetricPanel = (() => {
     let charts, rank;
     if (pinned) {
       charts = pinnedCharts();
-      rank = (m) => String(state.pinned.indexOf(m)).padStart(4, "0");
+      rank = pinRank;
     } else {
       charts = group;
       // "reward" and the loss lead their group; the rest keep name order.
@@ -142,7 +152,9 @@ const GrpoMetricPanel = (() => {
     try {
       const resp = await fetch(container.dataset.preferences, { credentials: "same-origin", headers: { Accept: "application/json" } });
       if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-      state.pinned = (await resp.json()).pinned;
+      const body = await resp.json();
+      state.pinned = body.pinned;
+      state.defaultPins = body.default === true;
     } catch (err) {
       console.warn("chart preferences", err);
       state.pinned = [];
@@ -155,7 +167,11 @@ const GrpoMetricPanel = (() => {
   async function togglePin(name) {
     if (state.pinned === null) return;
     const before = state.pinned;
-    state.pinned = isPinned(name) ? before.filter((m) => m !== name) : [...before, name];
+    const wasDefault = state.defaultPins;
+    // The first pin a user saves keeps what they see pinned (the default eval pins included).
+    const shown = wasDefault ? [...before, ...[...state.series.keys()].filter((m) => EVAL_PINS.test(m) && !before.includes(m)).sort()] : before;
+    state.defaultPins = false;
+    state.pinned = shown.includes(name) ? shown.filter((m) => m !== name) : [...shown, name];
     place(state.series.get(name));
     refreshSections();
     scheduleDraw();
@@ -174,7 +190,8 @@ const GrpoMetricPanel = (() => {
       container.dataset.pinsSaved = String(Number(container.dataset.pinsSaved || 0) + 1);
     } catch (err) {
       state.pinned = before; // not saved: the page shows what the server has
-      place(state.series.get(name));
+      state.defaultPins = wasDefault;
+      for (const s of state.series.values()) place(s);
       refreshSections();
       message.textContent = `could not save the pin: ${err.message}`;
       message.hidden = false;
@@ -581,6 +598,17 @@ const GrpoMetricPanel = (() => {
     scheduleDraw();
   }
 
+  /** The last step of any metric whose name starts with `prefix` (e.g. "eval/"), or null: a reconnect's
+   * backfill starts there, as an eval line for a step comes after later steps' lines. */
+  function lastStepOf(prefix) {
+    let last = null;
+    for (const s of state.series.values()) {
+      const n = s.steps.length;
+      if (n && s.name.startsWith(prefix) && (last === null || s.steps[n - 1] > last)) last = s.steps[n - 1];
+    }
+    return last;
+  }
+
   /** A metric's data as the page holds it: {steps, values, smoothed} (arrays by step), or null. */
   function series(name) {
     const s = state.series.get(name);
@@ -604,5 +632,5 @@ const GrpoMetricPanel = (() => {
     loadPins();
   }
 
-  return { init, addColumns, onMetrics, lastStep: () => state.lastStep, series, setZoom, setXMode, setSmoothing };
+  return { init, addColumns, onMetrics, lastStep: () => state.lastStep, lastStepOf, series, setZoom, setXMode, setSmoothing };
 })();

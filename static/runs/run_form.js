@@ -52,24 +52,22 @@
   });
 
   // The chosen dataset's columns and first rows (GET /api/v1/registry/datasets/<name>/), so a
-  // reward's "reads ..." can be checked against them before submitting.
-  const dataset = form.elements.train_dataset;
-  const preview = document.getElementById("dataset-preview");
-
+  // reward's "reads ..." can be checked against them before submitting; the same for the eval dataset.
   function cell(value) {
     const td = document.createElement("td");
     td.textContent = typeof value === "string" ? value : JSON.stringify(value);
     return td;
   }
 
-  async function showPreview() {
+  async function showPreview(dataset, preview) {
     if (!dataset || !preview) return;
-    const name = dataset.value;
+    const name = dataset.value.trim();
+    if (!name) { preview.replaceChildren(); delete preview.dataset.columns; return; } // the eval set is optional
     preview.textContent = "loading a preview…";
     try {
       const resp = await fetch(preview.dataset.api + encodeURIComponent(name) + "/", { credentials: "same-origin" });
       const body = await resp.json();
-      if (dataset.value !== name) return; // another choice since
+      if (dataset.value.trim() !== name) return; // another choice since
       if (!resp.ok) { preview.textContent = body.detail || `no preview (HTTP ${resp.status})`; return; }
       const table = document.createElement("table");
       table.className = "runs preview";
@@ -90,8 +88,11 @@
     }
   }
 
-  if (dataset) {
-    dataset.addEventListener("change", showPreview);
-    showPreview();
+  for (const [field, id] of [["train_dataset", "dataset-preview"], ["eval_dataset", "eval-dataset-preview"]]) {
+    const dataset = form.elements[field];
+    const preview = document.getElementById(id);
+    if (!dataset || !preview) continue;
+    dataset.addEventListener("change", () => showPreview(dataset, preview));
+    showPreview(dataset, preview);
   }
 })();

@@ -17,7 +17,9 @@ loop in a thread (queues/events of ``queue``/``threading`` then) all take it who
 * ``settled_tokens`` (``'d'``): the raw tokens of every group emitted so far while no group is in
   flight, -1 while one is: with the allowance, it tells the trainer the rollout side is held
   (nothing more comes until the trainer consumes), so a part-filled micro-batch can be trained
-  at a point fixed by counts, not by a timer (``trainer.feed``).
+  at a point fixed by counts, not by a timer (``trainer.feed``);
+* ``eval_requests``: trainer -> child, one :class:`~trainer.rollout.evaluation.EvalRequest` per eval
+  pass asked for; its result comes back on ``metrics_queue`` as ``{"eval": EvalResult}``.
 
 The first seven keep the names of the spec's ``AsyncRolloutLoop`` constructor arguments.
 """
@@ -71,6 +73,7 @@ class RolloutChannels:
     stop_event: Signal | None = None
     oldest_pinned_version: SharedValue | None = None
     settled_tokens: SharedValue | None = None
+    eval_requests: Channel | None = None
 
     @classmethod
     def create(
@@ -92,6 +95,7 @@ class RolloutChannels:
             stop_event=ctx.Event(),
             oldest_pinned_version=ctx.Value("i", int(initial_model_version)),
             settled_tokens=ctx.Value("d", 0.0),
+            eval_requests=ctx.Queue(),
         )
 
     def report_failure(self, exc: BaseException) -> None:

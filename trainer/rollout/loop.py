@@ -27,10 +27,12 @@ is iterated again for each epoch.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import itertools
 import os
+import queue
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -57,6 +59,7 @@ from trainer.metrics import (
     MetricWindow,
 )
 from trainer.rollout.channels import RolloutChannels
+from trainer.rollout.evaluation import EvalRequest, eval_rows, eval_sampling, run_eval_pass
 from trainer.rollout.flow import (
     POLL_INTERVAL_S,
     ConcurrencyController,
@@ -90,6 +93,13 @@ __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 
 HEARTBEAT_INTERVAL_S = 0.25
 METRICS_FLUSH_INTERVAL_S = 0.5
+EVAL_POLL_INTERVAL_S = 0.1
+
+# The sampling settings of the requests made by the current task when they are not the config's: an
+# eval pass's (evaluation.py). A context variable, so hooks need no extra argument.
+_sampling_override: contextvars.ContextVar[SamplingSettings | None] = contextvars.ContextVar(
+    "grpo_sampling_override", default=None
+)
 
 
 @dataclass
@@ -142,6 +152,7 @@ class AsyncRolloutLoop:
         *,
         channels: RolloutChannels | None = None,
         retired_rows: Iterable[int] = (),
+        eval_dataset: Any = None,
     ) -> None:
         loose = (rollout_buffer, model_version_value, token_allowance, heartbeat_value, failed_event)
         loose += (exception_info_queue, metrics_queue)
@@ -179,6 +190,8 @@ class AsyncRolloutLoop:
         self.score_queue_maxsize = score_queue_maxsize
         self.lora_name = lora_name
         self.dataset_start_index = int(dataset_start_index)
+        # Held-out prompts scored when the trainer asks (an extension: evaluation.py).
+        self.eval_dataset = eval_dataset
         # retire_saturated_prompts (an extension; getattr: a loop built for one hook needs no config)
         retire_after = getattr(config, "retire_saturated_prompts", None)
         num_rows = _rows_of(dataset)
@@ -262,14 +275,21 @@ class AsyncRolloutLoop:
         """
         assert self.client is not None, "generate_one_turn called before the loop started"
         model = self.request_model()
+        sampling = self.request_sampling()
         try:
-            return await self.client.generate(prompt_ids, self.sampling, model=model)
+            return await self.client.generate(prompt_ids, sampling, model=model)
         except VLLMRequestError as exc:
             if model is None or exc.status != 404:
                 raise
             # The trainer unloaded this adapter between the check above and the request (a sync).
             self.pins.repin(int(self.model_version_value.value))
-            return await self.client.generate(prompt_ids, self.sampling, model=self.request_model())
+            return await self.client.generate(prompt_ids, sampling, model=self.request_model())
+
+    def request_sampling(self) -> SamplingSettings:
+        """The sampling settings of this task's requests: the config's, or inside an eval pass the
+        eval ones (``eval_temperature``, a higher priority). An override of :meth:`generate_one_turn`
+        that calls ``self.client.generate`` itself passes this."""
+        return _sampling_override.get() or self.sampling
 
     def request_model(self) -> str | None:
         """The model name this rollout's requests use (None: the served model).
@@ -342,6 +362,8 @@ class AsyncRolloutLoop:
                 await self._wait(self.setup())
                 setup_done = True
             if not self._stopping.is_set():
+                if self.eval_dataset is not None and self.channels.eval_requests is not None:
+                    self._spawn(self._serve_eval_requests())
                 self._spawn(self._poll_server_forever())
                 self._spawn(self._score_queue.run())
                 self._spawn(self._dispatch())
@@ -392,6 +414,8 @@ class AsyncRolloutLoop:
         await self.client.wait_for_health(config.vllm_server_timeout)
         self.server = await self.client.server_settings()
         self.sampling = SamplingSettings.from_config(config)
+        self.client.send_priority = self.server.priority_scheduling
+        self._eval_sampling = eval_sampling(config) if self.eval_dataset is not None else None
         if self.server.seeded_requests_crash:
             self.client.send_seeds = False
             warnings.warn(
@@ -610,28 +634,63 @@ class AsyncRolloutLoop:
                 version_box.append(int(self.model_version_value.value))
             if self.lora_name is not None:
                 self.pins.pin(int(self.model_version_value.value))
-            prompt = row.get("prompt")
-            env = key = None
-            tools = list(self.tools)
-            if self._env_pool is not None:
-                key = EnvironmentPool.key_of(row, isinstance(self.environment_factory, dict))
-                env = await self._env_pool.acquire(key)
-                prompt = await self._env_pool.reset(env, row, prompt, self.window)
-                tools += environment_tools(env)
-            self._announce_tools(tools)
-            if prompt is None:
-                raise KeyError("dataset row has no 'prompt' column (and no environment reset() provided one)")
-            rollout = await self.generate_one(prompt, tools, group_id)
-            env_reward = None
-            if env is not None:
-                if hasattr(env, "get_reward"):
-                    env_reward = (type(env), await self._env_pool.reward(env, self.window))
-                self._env_pool.release(key, env)
-            return RolloutOutcome(prompt, rollout, env_reward, time.monotonic() - dispatched)
+            return await self._rollout_once(row, group_id, dispatched)
         finally:
             if self.lora_name is not None:
                 self.pins.unpin()
             await self.admission.release_slot()
+
+    async def _rollout_once(self, row: dict[str, Any], group_id: int, dispatched: float) -> RolloutOutcome:
+        """One rollout of ``row``: the environment's ``reset`` (if any), :meth:`generate_one`, the
+        environment's reward."""
+        prompt = row.get("prompt")
+        env = key = None
+        tools = list(self.tools)
+        if self._env_pool is not None:
+            key = EnvironmentPool.key_of(row, isinstance(self.environment_factory, dict))
+            env = await self._env_pool.acquire(key)
+            prompt = await self._env_pool.reset(env, row, prompt, self.window)
+            tools += environment_tools(env)
+        self._announce_tools(tools)
+        if prompt is None:
+            raise KeyError("dataset row has no 'prompt' column (and no environment reset() provided one)")
+        rollout = await self.generate_one(prompt, tools, group_id)
+        env_reward = None
+        if env is not None:
+            if hasattr(env, "get_reward"):
+                env_reward = (type(env), await self._env_pool.reward(env, self.window))
+            self._env_pool.release(key, env)
+        return RolloutOutcome(prompt, rollout, env_reward, time.monotonic() - dispatched)
+
+    # ==== evaluation (evaluation.py) ===============================================================
+    async def eval_rollout(self, row: dict[str, Any], group_id: int) -> RolloutOutcome:
+        """One eval completion of ``row``: a rollout as training's, outside the admission (no
+        concurrency slot, no token allowance) and with :func:`~trainer.rollout.evaluation.eval_sampling`."""
+        token = _sampling_override.set(self._eval_sampling)
+        if self.lora_name is not None:
+            self.pins.pin(int(self.model_version_value.value))
+        try:
+            return await self._rollout_once(row, group_id, time.monotonic())
+        finally:
+            if self.lora_name is not None:
+                self.pins.unpin()
+            _sampling_override.reset(token)
+
+    async def _serve_eval_requests(self) -> None:
+        """Run the trainer's eval passes one at a time, each as it is asked for, beside the rollouts;
+        send each result over the metrics queue."""
+        requests = self.channels.eval_requests
+        rows: list[tuple[int, dict[str, Any]]] | None = None
+        while True:
+            try:
+                request: EvalRequest = requests.get_nowait()
+            except (queue.Empty, EOFError, OSError):
+                await asyncio.sleep(EVAL_POLL_INTERVAL_S)
+                continue
+            if rows is None:
+                rows = eval_rows(self.eval_dataset, getattr(self.config, "eval_max_prompts", None))
+            result = await run_eval_pass(self, request, rows)
+            self.metrics_queue.put({"eval": result})
 
     def _announce_tools(self, tools: list[Callable]) -> None:
         """Count 0 calls of each tool the first time it is offered: a tool the model never calls is

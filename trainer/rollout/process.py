@@ -168,6 +168,13 @@ class RolloutWorkerHandle:
         """Publish the policy version now served (after a weight sync)."""
         self.channels.model_version_value.value = int(version)
 
+    def request_eval(self, request: Any) -> None:
+        """Ask for one eval pass (:class:`~trainer.rollout.evaluation.EvalRequest`); its result comes
+        back through :meth:`drain_metrics` as ``{"eval": EvalResult}``."""
+        if self.channels.eval_requests is None:
+            raise RuntimeError("these rollout channels carry no eval requests")
+        self.channels.eval_requests.put(request)
+
     # --- worker -> trainer -----------------------------------------------------------------------
     def settled_tokens(self) -> float:
         """Raw tokens emitted so far if no group is in flight, else -1 (``RolloutChannels``)."""

@@ -277,7 +277,7 @@ def record_reward_metrics(
                 window.add(REWARD_FUNC_GROUP_STD.format(name=name), std)
 
 
-def _terminated(rollout: Rollout, eos_token_ids: Set[int]) -> bool:
+def rollout_terminated(rollout: Rollout, eos_token_ids: Set[int]) -> bool:
     if not rollout.turns:
         return False
     last = rollout.turns[-1]
@@ -300,7 +300,7 @@ def record_completion_metrics(
         length = len(rollout.completion_ids)
         for name in (COMPLETIONS_MEAN_LENGTH, COMPLETIONS_MIN_LENGTH, COMPLETIONS_MAX_LENGTH):
             window.add(name, length)
-        terminated = _terminated(rollout, eos_token_ids)
+        terminated = rollout_terminated(rollout, eos_token_ids)
         window.add(COMPLETIONS_CLIPPED_RATIO, 0.0 if terminated else 1.0)
         if terminated:
             for name in (

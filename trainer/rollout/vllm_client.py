@@ -64,6 +64,9 @@ class SamplingSettings:
     min_p: float | None = None
     repetition_penalty: float = 1.0
     num_sampler_logprobs: int = 8
+    # vLLM's request priority (lower is served first), sent only to a server that schedules by
+    # priority (``ServerSettings.priority_scheduling``; any other refuses a non-zero one).
+    priority: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -99,6 +102,7 @@ class ServerSettings:
         device: ``cuda`` / ``cpu`` / ... (None if unknown).
         chunked_prefill: the scheduler may split a prompt's prefill over several steps.
         data_parallel_size: engines sharing the server (seeds keep their samples apart).
+        priority_scheduling: the server orders requests by ``priority`` (``--scheduling-policy priority``).
     """
 
     max_model_len: int
@@ -111,6 +115,7 @@ class ServerSettings:
     device: str | None = None
     chunked_prefill: bool | None = None
     data_parallel_size: int = 1
+    priority_scheduling: bool = False
 
     @property
     def seeded_requests_crash(self) -> bool:
@@ -266,6 +271,9 @@ class VLLMClient:
         self.use_sampling_mask = False
         # Off only for servers where seeded requests crash the engine (ServerSettings.seeded_requests_crash).
         self.send_seeds = True
+        # Set from ServerSettings.priority_scheduling: a server that does not schedule by priority
+        # refuses a request with a non-zero one.
+        self.send_priority = False
         # A random base per client plus a counter: unique per request within a run, and different
         # across rollout processes (a restarted worker must not replay the same seeds).
         base = random.SystemRandom().randrange(2**30) if seed is None else seed
@@ -413,6 +421,7 @@ class VLLMClient:
             device=device_cfg.get("device"),
             chunked_prefill=scheduler_cfg.get("enable_chunked_prefill"),
             data_parallel_size=int(parallel_cfg.get("data_parallel_size") or 1),
+            priority_scheduling=scheduler_cfg.get("policy") == "priority",
         )
 
     # --- generation ------------------------------------------------------------------------------
@@ -443,6 +452,8 @@ class VLLMClient:
         }
         if sampling.min_p:
             payload["min_p"] = sampling.min_p
+        if sampling.priority and self.send_priority:
+            payload["priority"] = sampling.priority
         if self.send_seeds or seed is not None:
             payload["seed"] = self.next_seed() if seed is None else seed
         data = await self._json("POST", "/v1/completions", payload=payload)
@@ -470,6 +481,8 @@ class VLLMClient:
             "sampling_params": params,
             "model": model or self.model_name,
         }
+        if sampling.priority and self.send_priority:
+            payload["priority"] = sampling.priority
         data = await self._json("POST", "/inference/v1/generate", payload=payload)
         choice = data["choices"][0]
         content = (choice.get("logprobs") or {}).get("content") or []

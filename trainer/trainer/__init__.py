@@ -48,6 +48,7 @@ from trainer.metrics import (
     FRAC_REWARD_ZERO_STD,
     LOSS,
     NUM_TOKENS,
+    PERF_EVAL_WAIT_S,
     PERF_FWD_BWD_FORWARDED_TOKENS_PER_S,
     PERF_FWD_BWD_MFU,
     PERF_FWD_BWD_S,
@@ -88,6 +89,7 @@ from trainer.rollout_state import (
 )
 from trainer.server_checks import pick_served_model, served_models, wait_for_server
 from trainer.sinks import JsonlSink, Sink
+from trainer.trainer.evaluation import EvalBook
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
 from trainer.weight_sync.lora import (
     LORA_DIR_NAME,
@@ -124,10 +126,15 @@ class AsyncGRPOTrainer(Trainer):
         tools: list[Callable] | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
         sinks: list[Sink] | None = None,
+        eval_dataset=None,
     ) -> None:
         """``sinks``: where metrics, completions and checkpoints are reported (default: one
         :class:`~trainer.sinks.JsonlSink` on ``args.output_dir``, which the control plane reads;
-        a list given here replaces it, so include a ``JsonlSink`` to keep the files)."""
+        a list given here replaces it, so include a ``JsonlSink`` to keep the files).
+
+        ``eval_dataset`` (an extension): held-out prompts (a ``prompt`` column, and what the reward
+        functions read) scored through the vLLM server when ``args.eval_strategy`` says, logged as
+        ``eval/*`` at the step evaluated (:mod:`trainer.trainer.evaluation`)."""
         name = model if isinstance(model, str) else model.config._name_or_path
         if args is None:
             args = AsyncGRPOConfig(output_dir=f"{Path(str(name)).name}-AsyncGRPO")
@@ -149,6 +156,17 @@ class AsyncGRPOTrainer(Trainer):
             if columns is not None and "prompt" not in columns:
                 raise ValueError(f"train_dataset needs a 'prompt' column (conversational); it has {columns}")
             _check_prompts_text_only(train_dataset)
+        evaluates = args.eval_strategy not in (None, "no")
+        if evaluates and eval_dataset is None:
+            raise ValueError(
+                f"eval_strategy={str(args.eval_strategy)!r} needs eval_dataset (held-out prompts); pass one or "
+                "leave eval_strategy 'no'"
+            )
+        if eval_dataset is not None and environment_factory is None:
+            columns = getattr(eval_dataset, "column_names", None)
+            if columns is not None and "prompt" not in columns:
+                raise ValueError(f"eval_dataset needs a 'prompt' column (conversational); it has {columns}")
+            _check_prompts_text_only(eval_dataset)
 
         share_cpu_with_local_server(
             args.vllm_server_base_url, uses_cuda=torch.cuda.is_available() and not args.use_cpu
@@ -169,6 +187,7 @@ class AsyncGRPOTrainer(Trainer):
         self.loss_config = LossConfig.from_args(args)
         self._window = MetricWindow()
         self._pending_completions: list[dict] = []
+        self._evals = EvalBook(self._emit)
         self._counts_seen: set[str] = set()  # counts logged so far: 0, not absent, when not seen again
         self.sinks: list[Sink] = list(sinks) if sinks is not None else [JsonlSink(args.output_dir)]
         # The step at whose end an interrupt request was honoured (trainer/interrupt.py), else None.
@@ -191,6 +210,7 @@ class AsyncGRPOTrainer(Trainer):
             args=args,
             data_collator=_identity_collator,
             train_dataset=None,
+            eval_dataset=eval_dataset,
             processing_class=processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
@@ -222,12 +242,15 @@ class AsyncGRPOTrainer(Trainer):
             )
         check_rollout_picklable(self.loop_cls, self.reward_funcs, self.tools, self.environment_factory)
         try:
-            return super().train(
+            output = super().train(
                 resume_from_checkpoint=checkpoint,
                 trial=trial,
                 ignore_keys_for_eval=ignore_keys_for_eval,
                 **kw,
             )
+            if self._handle is not None and self.interrupted_at is None:
+                self._evals.wait(self._handle, self._drain_rollout_metrics)  # the last step's eval
+            return output
         finally:
             self._shutdown_pipeline()
             self._emit("close")
@@ -353,6 +376,7 @@ class AsyncGRPOTrainer(Trainer):
             dataset_start_index=self._start_position,
             lora_name=self._lora.lora_name if self._lora is not None else None,
             retired_rows=self._retired_rows,
+            eval_dataset=self.eval_dataset if args.eval_strategy not in (None, "no") else None,
         )
         self._feed.retired_rows = set(self._retired_rows) if args.retire_saturated_prompts else set()
         self._feed.attach(
@@ -406,6 +430,8 @@ class AsyncGRPOTrainer(Trainer):
 
     def _drain_rollout_metrics(self) -> None:
         for payload in self._handle.drain_metrics():
+            if self._evals.take(payload):
+                continue
             self._window.merge(payload.get("metrics") or {})
             self._pending_completions.extend(payload.get("completions") or [])
 
@@ -561,6 +587,9 @@ class AsyncGRPOTrainer(Trainer):
         model = self.accelerator.unwrap_model(self.model)
         version = self._model_version + int(new_version)
         timings: dict[str, float] = {}
+        if self._handle is not None and self._evals.pending:
+            # An eval pass samples from one policy: the weights it evaluates stay until it ends.
+            self._window.add(PERF_EVAL_WAIT_S, self._evals.wait(self._handle, self._drain_rollout_metrics))
         with torch.no_grad():
             if not (self._sync_adapter_only and new_version):
                 with nullcontext() if self._sync_adapter_only else merged_adapter(model):
@@ -577,9 +606,28 @@ class AsyncGRPOTrainer(Trainer):
             self._model_version += 1
             if self._handle is not None:
                 self._handle.set_model_version(self._model_version)
+        self._evals.synced(step=self.state.global_step, version=self._model_version)
         if self._lora is not None:
             pinned = self._handle.oldest_pinned_version() if self._handle is not None else None
             self._lora.retire(self._model_version, pinned)
+
+    # -------------------------------------------------------------------------------- evaluation
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Ask the rollout process for an eval pass over ``eval_dataset`` with the weights the server
+        holds (those of the last synced step); its ``eval/*`` metrics are logged at that step when it
+        ends (:mod:`trainer.trainer.evaluation`). Returns ``{}``: nothing for transformers to rank
+        (``save_strategy="best"`` is refused). Only during ``train()``, which starts the pipeline."""
+        if eval_dataset is not None:
+            raise ValueError("evaluate(eval_dataset=...) is not supported: pass eval_dataset to the trainer")
+        if not self.is_world_process_zero():
+            return {}
+        if self._handle is None:
+            logger.warning("evaluate() scores through the rollout process, which runs only inside train()")
+            return {}
+        self._evals.request(self._handle)
+        return {}
 
     # ----------------------------------------------------------------------------------- logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -627,6 +675,8 @@ class AsyncGRPOTrainer(Trainer):
         if not self.is_world_process_zero():
             return
         for sink in self.sinks:
+            if not hasattr(sink, kind):  # "evaluation" is optional (trainer.sinks.EvalSink)
+                continue
             try:
                 getattr(sink, kind)(*record)
             except Exception:

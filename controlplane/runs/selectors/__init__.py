@@ -30,6 +30,7 @@ from controlplane.runs.selectors.completions import (
     run_completion_list,
     run_completion_rows,
     run_completion_steps,
+    run_has_eval,
 )
 from controlplane.runs.selectors.metrics import (
     DEFAULT_PINNED_CHARTS,
@@ -53,6 +54,7 @@ from controlplane.runs.selectors.outputs import (
     run_file_cursors,
 )
 from controlplane.runs.selectors.registry import (
+    EVAL_ARGS,
     MAIN_ARGS,
     PREVIEW_ROWS,
     PREVIEW_TEXT_CHARS,
@@ -77,6 +79,7 @@ __all__ = [
     "COMPLETION_GROUP_FILTERS",
     "COMPLETION_ORDERINGS",
     "DEFAULT_PINNED_CHARTS",
+    "EVAL_ARGS",
     "MAIN_ARGS",
     "PREVIEW_ROWS",
     "PREVIEW_TEXT_CHARS",
@@ -105,6 +108,7 @@ __all__ = [
     "run_completion_list",
     "run_completion_rows",
     "run_completion_steps",
+    "run_has_eval",
     "run_config_diff",
     "run_diagnosis",
     "run_event_list",

@@ -29,6 +29,7 @@ from controlplane.runs.json_values import finite_or_none
 from controlplane.runs.models import (
     COMPLETION_FIELDS,
     CompletionSample,
+    CompletionSplit,
     Run,
 )
 
@@ -44,11 +45,12 @@ ZERO_ADVANTAGE_EPS = 1e-9
 @dataclass(frozen=True)
 class CompletionFilter:
     """Which sampled completions a query keeps (the completions API's and the downloads' filters):
-    steps after ``since_step``, or only ``step``; only ``group_id``; ``q`` in the prompt or the
+    one ``split`` (training rows by default, or the eval rows); steps after ``since_step``, or only ``step``; only ``group_id``; ``q`` in the prompt or the
     completion (any case); the reward within [``reward_min``, ``reward_max``] (a sample without one
     is out); only the groups ``groups`` keeps (:data:`COMPLETION_GROUP_FILTERS`, decided per whole
     group in SQL)."""
 
+    split: str = CompletionSplit.TRAIN
     since_step: int | None = None
     step: int | None = None
     q: str | None = None
@@ -59,7 +61,7 @@ class CompletionFilter:
 
     def scope(self, run: Run) -> QuerySet[CompletionSample]:
         """The run's samples within the step and group bounds (the whole groups ``match`` looks in)."""
-        samples = CompletionSample.objects.filter(run=run)
+        samples = CompletionSample.objects.filter(run=run, split=self.split)
         if self.since_step is not None:
             samples = samples.filter(step__gt=self.since_step)
         if self.step is not None:
@@ -78,6 +80,15 @@ class CompletionFilter:
         if self.reward_max is not None:
             match &= Q(reward__lte=self.reward_max)
         return match or None
+
+
+def run_has_eval(*, run: Run) -> bool:
+    """Whether the run evaluates: its document names an ``eval_dataset``, or it has eval completions
+    (the run page's Training/Eval switch and its eval charts pinned by default)."""
+    config = run.config if isinstance(run.config, dict) else {}
+    if config.get("eval_dataset"):
+        return True
+    return CompletionSample.objects.filter(run=run, split=CompletionSplit.EVAL).exists()
 
 
 def run_completion_rows(
@@ -181,7 +192,7 @@ def run_completion_group_rollouts(
             if g["group_id"] is not None
             else Q(step=g["step"], group_id__isnull=True)
         )
-    samples = CompletionSample.objects.filter(run=run).filter(where)
+    samples = CompletionSample.objects.filter(run=run, split=filters.split).filter(where)
     match = filters.match()
     samples = samples.annotate(
         match=ExpressionWrapper(match, output_field=BooleanField()) if match is not None else Value(True)
@@ -198,6 +209,7 @@ def run_completion_group_rollouts(
         first = min(rollouts, key=lambda r: r["index"]) if rollouts else {}
         out.append(
             {
+                "split": filters.split,
                 "step": g["step"],
                 "group_id": g["group_id"],
                 "size": g["size"],
@@ -214,11 +226,11 @@ def run_completion_group_rollouts(
     return out
 
 
-def run_completion_steps(*, run: Run) -> list[dict[str, int]]:
-    """Every step that has sampled completions, newest first: ``{"step", "samples"}`` (one GROUP
-    BY over the (run, step, index) index)."""
+def run_completion_steps(*, run: Run, split: str = CompletionSplit.TRAIN) -> list[dict[str, int]]:
+    """Every step that has sampled completions of ``split``, newest first: ``{"step", "samples"}``
+    (one GROUP BY over the (run, split, step, index) index)."""
     rows = (
-        CompletionSample.objects.filter(run=run)
+        CompletionSample.objects.filter(run=run, split=split)
         .values("step")
         .annotate(samples=Count("id"))
         .order_by("-step")

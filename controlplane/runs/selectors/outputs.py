@@ -51,7 +51,11 @@ def run_checkpoint_steps(*, run_id: int) -> set[int]:
     return set(Checkpoint.objects.filter(run_id=run_id).values_list("step", flat=True))
 
 
-def run_file_cursors(*, run_id: int) -> dict[str, tuple[int, int | None, int]]:
-    """How far each of the run's output files was ingested: name -> (byte offset, completions
-    block step or None, its rows so far); a file never read is absent."""
-    return {c.name: (c.offset, c.step, c.count) for c in RunFileCursor.objects.filter(run_id=run_id)}
+def run_file_cursors(*, run_id: int) -> dict[str, tuple[int, int | None, int, int | None, int]]:
+    """How far each of the run's output files was ingested: name -> (byte offset, training
+    completions block step or None, its rows so far, eval block step or None, its rows so far); a
+    file never read is absent."""
+    return {
+        c.name: (c.offset, c.step, c.count, c.eval_step, c.eval_count)
+        for c in RunFileCursor.objects.filter(run_id=run_id)
+    }

@@ -27,6 +27,19 @@ MAIN_ARGS = (
 )
 
 
+# The run form's evaluation fields (issue 30; with eval_dataset): when (TrainingArguments' strategy,
+# steps, a pass at the start) and how (AsyncGRPOConfig's eval_* fields).
+EVAL_ARGS = (
+    "eval_strategy",
+    "eval_steps",
+    "eval_on_start",
+    "eval_num_generations",
+    "eval_temperature",
+    "eval_max_prompts",
+    "eval_pass_threshold",
+)
+
+
 REGISTRY_KEYS = {
     "model": "models",
     "dataset": "datasets",
@@ -59,19 +72,20 @@ PREVIEW_ROWS = 3
 PREVIEW_TEXT_CHARS = 300
 
 
-def dataset_summary(*, name: str) -> dict[str, Any]:
+def dataset_summary(*, name: str, split: str = "train") -> dict[str, Any]:
     """``{"columns": [...], "rows": [first PREVIEW_ROWS rows], "num_rows": N}`` of a registered dataset
-    or an allowed local path (the caller validated it). Loaded once per process for registered names
+    or an allowed local path (the caller validated it), its ``split`` for a directory of several (a
+    registered dataset or a .jsonl file has one). Loaded once per process for registered names
     and per modification time for files. Raises ``ValueError`` when it cannot be loaded."""
     path = Path(name)
     stamp = path.stat().st_mtime_ns if path.is_absolute() and path.exists() else None
-    return _dataset_summary(name, stamp)
+    return _dataset_summary(name, stamp, split)
 
 
 @functools.lru_cache(maxsize=64)
-def _dataset_summary(name: str, stamp: int | None) -> dict[str, Any]:
+def _dataset_summary(name: str, stamp: int | None, split: str = "train") -> dict[str, Any]:
     try:
-        dataset = registry.load_dataset_by_name(name)
+        dataset = registry.load_dataset_by_name(name, split=split)
     except Exception as exc:  # a loader's failure is the dataset's, reported in words
         raise ValueError(f"could not be loaded: {type(exc).__name__}: {exc}") from exc
     rows = [dataset[i] for i in range(min(PREVIEW_ROWS, len(dataset)))]

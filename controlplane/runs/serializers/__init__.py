@@ -25,6 +25,7 @@ from controlplane.runs.serializers.completions import (
     CompletionRolloutSerializer,
     CompletionsQuerySerializer,
     CompletionStepSerializer,
+    CompletionStepsQuerySerializer,
     PageSizeField,
 )
 from controlplane.runs.serializers.metrics import (
@@ -65,6 +66,7 @@ __all__ = [
     "CompletionOutputSerializer",
     "CompletionRolloutSerializer",
     "CompletionStepSerializer",
+    "CompletionStepsQuerySerializer",
     "CompletionsQuerySerializer",
     "ConfigDiffRowSerializer",
     "DiagnosisOutputSerializer",

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from controlplane.runs.models import (
     COMPLETION_FIELDS,
     CompletionSample,
+    CompletionSplit,
 )
 from controlplane.runs.selectors import (
     COMPLETION_GROUP_FILTERS,
@@ -35,10 +36,20 @@ class PageSizeField(serializers.CharField):
         return data if isinstance(data, str) else ""
 
 
+def _split_field() -> serializers.ChoiceField:
+    return serializers.ChoiceField(
+        choices=CompletionSplit.values,
+        default=CompletionSplit.TRAIN,
+        help_text="train: the training rollouts (the default); eval: the completions scored on "
+        "eval_dataset (step: the step whose weights were evaluated)",
+    )
+
+
 class CompletionsQuerySerializer(serializers.Serializer):
     """``GET /api/v1/runs/<id>/completions/``: which samples, in which order, as samples or as groups
     (all optional; the downloads take the filters too)."""
 
+    split = _split_field()
     since_step = serializers.IntegerField(
         required=False, min_value=0, max_value=MAX_STEP, help_text="only steps after this one"
     )
@@ -108,6 +119,7 @@ class CompletionsQuerySerializer(serializers.Serializer):
         """The validated filters (not the order) for the completion selectors."""
         data = self.validated_data
         return CompletionFilter(
+            split=data["split"],
             since_step=data.get("since_step"),
             step=data.get("step"),
             q=data.get("q") or None,
@@ -122,6 +134,12 @@ def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise serializers.ValidationError("a finite number")
     return value
+
+
+class CompletionStepsQuerySerializer(serializers.Serializer):
+    """``GET /api/v1/runs/<id>/completions/steps/``: the steps of one split."""
+
+    split = _split_field()
 
 
 class CompletionStepSerializer(serializers.Serializer):
@@ -139,6 +157,7 @@ class CompletionRolloutSerializer(CompletionOutputSerializer):
 class CompletionGroupSerializer(serializers.Serializer):
     """One group of ``?by=group``: its rollouts whole, whichever of them matched."""
 
+    split = serializers.ChoiceField(choices=CompletionSplit.values)
     step = serializers.IntegerField()
     group_id = serializers.IntegerField(allow_null=True, help_text="null: the step's samples without a group")
     size = serializers.IntegerField(help_text="rollouts logged")

@@ -21,6 +21,7 @@ from controlplane.runs.models import (
     COMPLETION_FIELDS,
     Checkpoint,
     CompletionSample,
+    CompletionSplit,
     MetricPoint,
     MetricStep,
     Run,
@@ -46,6 +47,9 @@ def metric_points_ingest(*, run_id: int, step: int, values: Mapping[str, Any]) -
 
 # Not a metric: a metrics.jsonl row's wall time (unix seconds), stored on the step (MetricStep).
 TIMESTAMP_KEY = "timestamp"
+# An evaluation's metrics (issue 30): their line comes after later steps' lines and adds to a step
+# that usually has its own line already, whose time and attempt it leaves as they are.
+EVAL_PREFIX = "eval/"
 MAX_TIMESTAMP = 32503680000.0  # 3000-01-01
 
 
@@ -63,7 +67,10 @@ def metric_steps_ingest(
     ``metrics`` message). Non-numeric values are skipped; a name logged twice for one step keeps the
     later value. A step's ``timestamp`` (unix seconds; absent: the time of storing) is no metric: it
     goes with ``attempt`` (None: the run's current one) to the step's :class:`MetricStep` row
-    (``time``: unix seconds in the message). Returns the count of metric points stored."""
+    (``time``: unix seconds in the message); a step whose values are all ``eval/*`` (an eval line,
+    which comes after later steps' lines) only adds points: its row, if it has one, keeps its time
+    and attempt (the resume markers and time axes stay where the step's own line put them).
+    Returns the count of metric points stored."""
     values_by_step: dict[int, dict[str, float]] = {}
     times: dict[int, float | None] = {}
     for step, values in steps:
@@ -77,9 +84,15 @@ def metric_steps_ingest(
     points = [(step, name, value) for step, kept in values_by_step.items() for name, value in kept.items()]
     if not points:
         return 0
+    logged = {step: times[step] for step, kept in values_by_step.items() if kept}
+    eval_only = {
+        step for step, kept in values_by_step.items() if kept and all(n.startswith(EVAL_PREFIX) for n in kept)
+    }
     stamps = _metric_steps_upsert(
-        run_id, points, {step: times[step] for step, kept in values_by_step.items() if kept}, attempt
+        run_id, points, {s: t for s, t in logged.items() if s not in eval_only}, attempt
     )
+    if eval_only:
+        stamps.update(_metric_steps_keep(run_id, {s: logged[s] for s in eval_only}, attempt))
     items = [
         {
             "step": step,
@@ -146,17 +159,50 @@ def _metric_steps_upsert(
         return {step: (stamp, attempt) for step, stamp, attempt in cursor.fetchall()}
 
 
+def _metric_steps_keep(
+    run_id: int, times: Mapping[int, float | None], attempt: int | None = None
+) -> dict[int, tuple[float, int]]:
+    """The :class:`MetricStep` rows of steps that only gained eval points: inserted as
+    :func:`_metric_steps_upsert` would for a step without one (an eval before any training line,
+    e.g. ``eval_on_start``), left as they are otherwise. Returns ``{step: (unix seconds, attempt)}``
+    as stored (one statement: the rows inserted, then the ones that were there)."""
+    step_table = MetricStep._meta.db_table
+    run_table = Run._meta.db_table
+    steps = sorted(times)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH added AS (INSERT INTO {step_table} (run_id, step, time, attempt) "
+            "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
+            f"COALESCE(%s::integer, (SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s)) "
+            "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
+            "ON CONFLICT (run_id, step) DO NOTHING RETURNING step, time, attempt) "
+            "SELECT step, extract(epoch FROM time)::double precision, attempt FROM added "
+            f"UNION ALL SELECT step, extract(epoch FROM time)::double precision, attempt FROM {step_table} "
+            "WHERE run_id = %s AND step = ANY(%s::integer[]) AND step NOT IN (SELECT step FROM added)",
+            [run_id, attempt, run_id, steps, [times[s] for s in steps], run_id, steps],
+        )
+        return {step: (stamp, attempt) for step, stamp, attempt in cursor.fetchall()}
+
+
 def completion_samples_ingest(
-    *, run_id: int, step: int, items: Sequence[Mapping[str, Any]], first_index: int = 0
+    *,
+    run_id: int,
+    step: int,
+    items: Sequence[Mapping[str, Any]],
+    first_index: int = 0,
+    split: str = CompletionSplit.TRAIN,
 ) -> int:
-    """Store sampled completions of one step in one statement (upsert on (run, step, index), the
-    items at indices ``first_index``, ``first_index + 1``, ...; none past ``GRPO_COMPLETIONS_PER_STEP``)
-    and publish ``{"type": "run.completions", "step", "items"}``. ``reference`` (the dataset row's
-    reference answer) is stored as "" when absent. Returns the count stored."""
+    """Store sampled completions of one step and ``split`` (train, or eval: scored on ``eval_dataset``
+    with the weights of ``step``) in one statement (upsert on (run, split, step, index), the items at
+    indices ``first_index``, ``first_index + 1``, ...; none past ``GRPO_COMPLETIONS_PER_STEP``, counted
+    per split) and publish ``{"type": "run.completions", "step", "split", "items"}``. ``reference``
+    (the dataset row's reference answer) is stored as "" when absent. Returns the count stored."""
+    split = CompletionSplit(split)
     items = list(items)[: max(0, settings.GRPO_COMPLETIONS_PER_STEP - first_index)]
     rows = [
         CompletionSample(
             run_id=run_id,
+            split=split,
             step=step,
             index=first_index + i,
             prompt=_text(item.get("prompt")),
@@ -175,12 +221,13 @@ def completion_samples_ingest(
     CompletionSample.objects.bulk_create(
         rows,
         update_conflicts=True,
-        unique_fields=["run", "step", "index"],
-        update_fields=[f for f in COMPLETION_FIELDS if f not in ("step", "index")],
+        unique_fields=["run", "split", "step", "index"],
+        update_fields=[f for f in COMPLETION_FIELDS if f not in ("step", "index", "split")],
     )
     message = {
         "type": "run.completions",
         "step": step,
+        "split": str(split),
         "items": [
             {
                 "index": r.index,
@@ -223,18 +270,20 @@ def run_output_ingest(
     *,
     run_id: int,
     metrics: Sequence[tuple[int, Mapping[str, Any]]] = (),
-    completions: Sequence[tuple[int, int, Sequence[Mapping[str, Any]]]] = (),
+    completions: Sequence[tuple[str, int, int, Sequence[Mapping[str, Any]]]] = (),
     checkpoints: Sequence[tuple[int, str]] = (),
-    cursors: Mapping[str, tuple[int, int | None, int]],
+    cursors: Mapping[str, tuple[int, int | None, int, int | None, int]],
     attempt: int | None = None,
 ) -> None:
     """Store what was read from a run's output files, and how far, in one transaction: either all of
     it is stored and the offsets move, or nothing is (the same bytes are read again), so a worker
     killed at any point neither loses nor doubles a line.
 
-    ``metrics``: (step, values); ``completions``: (step, first_index, items), consecutive blocks in
-    file order; ``checkpoints``: (step, folder) not recorded yet; ``cursors``: file name -> (byte
-    offset past the last line read, the completions block's step or None, its rows so far).
+    ``metrics``: (step, values), in file order (an eval line for an earlier step adds its names to
+    that step; the step's training points stay); ``completions``: (split, step, first_index, items),
+    consecutive blocks in file order; ``checkpoints``: (step, folder) not recorded yet; ``cursors``:
+    file name -> (byte offset past the last line read, the training completions block's step or
+    None, its rows so far, the eval block's step or None, its rows so far).
     ``attempt``: the attempt whose trainer wrote the lines (None: the run's current one; a new
     attempt's catch-up of its predecessor's unread lines names the predecessor). Messages are
     published after the commit.
@@ -242,19 +291,29 @@ def run_output_ingest(
     with transaction.atomic():
         if metrics:
             metric_steps_ingest(run_id=run_id, steps=metrics, attempt=attempt)
-        for step, first_index, items in completions:
-            completion_samples_ingest(run_id=run_id, step=step, items=items, first_index=first_index)
+        for split, step, first_index, items in completions:
+            completion_samples_ingest(
+                run_id=run_id, step=step, items=items, first_index=first_index, split=split
+            )
         for step, path in checkpoints:
             checkpoint_record(run_id=run_id, step=step, path=path)
         if cursors:  # one upsert statement for every file read
             RunFileCursor.objects.bulk_create(
                 [
-                    RunFileCursor(run_id=run_id, name=name, offset=offset, step=step, count=count)
-                    for name, (offset, step, count) in cursors.items()
+                    RunFileCursor(
+                        run_id=run_id,
+                        name=name,
+                        offset=offset,
+                        step=step,
+                        count=count,
+                        eval_step=eval_step,
+                        eval_count=eval_count,
+                    )
+                    for name, (offset, step, count, eval_step, eval_count) in cursors.items()
                 ],
                 update_conflicts=True,
                 unique_fields=["run", "name"],
-                update_fields=["offset", "step", "count"],
+                update_fields=["offset", "step", "count", "eval_step", "eval_count"],
             )
 
 

@@ -7,6 +7,9 @@ reaches the threshold::
     python manage.py run_gate --config RUN.yaml --metric reward --min 0.6 \\
         --url https://grpo.example.com --token "$GRPO_API_TOKEN"
 
+``--metric`` is any logged name, an evaluation's too (``eval/pass@1``, ``eval/reward``: their last
+value is the latest step evaluated, whichever line of metrics.jsonl brought it).
+
 Exit status: 0 the threshold is met; 1 it is not; 2 the run did not complete (failed, stopped,
 config rejected, metric never logged, API error); 3 timed out (a run the gate created is stopped).
 An ``interrupted`` run (its worker was shut down) is waited for: it resumes from its checkpoint when
