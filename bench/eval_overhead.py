@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             resolve_model("tiny"),
             free_port(),
             workroot / "vllm.log",
-            ["--max-model-len", "1024", "--dtype", "float32"],
+            ["--max-model-len", "1024", "--dtype", "float32", "--scheduling-policy", "priority"],
         )
         server.start()
         base_url = server.base_url

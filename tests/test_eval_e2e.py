@@ -5,8 +5,8 @@ train`` as the worker trains it.
 
 Every eval step gets one ``metrics.jsonl`` line with every ``eval/*`` metric and its greedy
 completions in ``completions.jsonl`` marked ``eval``; the eval requests reach the server with a
-higher priority than the rollouts (its scheduling policy is ``priority``, ``trainer serve``'s
-default); and greedy ``eval/pass@1`` on the held-out facts rises. The verdict counts steps, not
+higher priority than the rollouts (the suite's server schedules by priority:
+``tests/suite_server.py``); and greedy ``eval/pass@1`` on the held-out facts rises. The verdict counts steps, not
 seconds: ``pass_rise`` (mean pass@1 of the last two evals minus the first two) against ``BAR``, taken
 from its distribution over seeds (``python -m bench.eval_overhead``, docs/benchmarks.md,
 "Evaluation during training").
@@ -73,7 +73,7 @@ def test_eval_passes_are_logged_at_their_steps_with_their_completions_and_pass_a
     passed = sum((r["reward"] or 0.0) >= 1.0 for r in at_last) / MAX_PROMPTS
     assert curve[STEPS]["eval/pass@1"] == pytest.approx(passed)
 
-    # the server orders requests by priority (trainer serve's default) and the rollout process reads
+    # the server orders requests by priority (the suite server's flag) and the rollout process reads
     # it so, so the eval's requests carry theirs
     assert server_info(vllm_server.base_url)["vllm_config"]["scheduler_config"]["policy"] == "priority"
     assert asyncio.run(_server_settings(vllm_server.base_url)).priority_scheduling

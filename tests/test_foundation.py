@@ -158,10 +158,9 @@ def test_serve_command_has_the_spec_flags_on_cpu_and_gpu():
     assert "--dtype float32" in argv and "--dtype" not in gargv
     given = build_serve_command("/m", gpu=False, extra=["--dtype", "bfloat16"])
     assert given.argv.count("--dtype") == 1 and given.argv[-1] == "bfloat16"
-    # Issue 30: eval requests go ahead of rollouts, on CPU and GPU; a policy given wins
-    assert "--scheduling-policy priority" in argv and "--scheduling-policy priority" in gargv
-    fcfs = build_serve_command("/m", gpu=False, extra=["--scheduling-policy", "fcfs"])
-    assert fcfs.argv.count("--scheduling-policy") == 1 and fcfs.argv[-1] == "fcfs"
+    # Issue 30: a scheduling policy is the operator's flag, passed through unchanged (eval uses it)
+    priority = build_serve_command("/m", gpu=False, extra=["--scheduling-policy", "priority"])
+    assert priority.argv.count("--scheduling-policy") == 1 and priority.argv[-1] == "priority"
 
 
 def test_trainer_cli_help():

@@ -5,8 +5,8 @@ The spec's flags: ``VLLM_SERVER_DEV_MODE=1`` (weight-transfer, pause/resume rout
 ``--max-model-len`` and ``--weight-transfer-config`` (NCCL on GPU; the CPU engine registered by
 :mod:`trainer.weight_sync` on CPU). On a CPU-only machine the settings measured in NOTES.md are
 added (KV cache space, host-memory fraction), and ``--dtype float32``, the trainer's dtype on CPU
-(``--dtype`` given wins), and everywhere ``--scheduling-policy priority`` (eval requests first; rollouts
-keep arrival order). Unknown flags pass through to vLLM unchanged.
+(``--dtype`` given wins). Unknown flags pass through to vLLM unchanged; ``--scheduling-policy priority``
+among them lets evaluation's requests go ahead of the rollouts (trainer/rollout/evaluation.py).
 """
 
 from __future__ import annotations
@@ -72,10 +72,6 @@ def build_serve_command(
     argv += ["--max-model-len", str(max_model_len or DEFAULT_MAX_MODEL_LEN)]
     if not _has_flag(extra, "--logprobs-mode"):
         argv += ["--logprobs-mode", "processed_logprobs"]
-    if not _has_flag(extra, "--scheduling-policy"):
-        # Eval requests (trainer/rollout/evaluation.py) go ahead of the rollouts; with every rollout
-        # at priority 0 the order among them is first come, first served, as vLLM's default.
-        argv += ["--scheduling-policy", "priority"]
     if not _has_flag(extra, "--weight-transfer-config"):
         argv += ["--weight-transfer-config", json.dumps(GPU_WEIGHT_TRANSFER if gpu else CPU_WEIGHT_TRANSFER)]
     env = dict(os.environ)
