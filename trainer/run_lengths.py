@@ -81,6 +81,12 @@ class PromptLengths:
         """True when only a sample of the rows was measured (a longer prompt may be elsewhere)."""
         return self.measured < self.total
 
+    def joined(self, other: PromptLengths) -> PromptLengths:
+        """The lengths of both datasets' rows together (the training and the eval set on one server)."""
+        return PromptLengths(
+            max(self.longest, other.longest), self.measured + other.measured, self.total + other.total
+        )
+
     def text(self) -> str:
         """``the longest prompt (19 tokens)``, saying so when it was the longest of a sample."""
         if self.sampled:

@@ -53,7 +53,7 @@ class EvalSink(Protocol):
         timestamp: float,
     ) -> None:
         """One eval pass of the weights of ``step`` (an extension, issue 30): its ``eval/*`` metrics and
-        its completions (each with ``"eval": True``); ``timestamp``: unix seconds of that step's log.
+        its completions (records as :meth:`completions` gets them); ``timestamp``: unix seconds of that step's log.
         Usually arrives after later steps' records."""
 
 

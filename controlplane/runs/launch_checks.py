@@ -122,40 +122,37 @@ def _launch_errors(document: dict) -> dict[str, str]:
     resources = parse_resources(document.get("resources"))
     model = document["model"]
     model_dir = _local_model_dir(model=model, revision=document.get("model_revision"))
-    prompts, dataset_error = _prompt_lengths(document=document, model_dir=model_dir)
-    if dataset_error:
-        errors["train_dataset"] = dataset_error
-    evals = _eval_source(document)
-    eval_prompts, eval_error = (None, {})
-    if evals is not None:
-        eval_prompts, eval_error = _source_prompt_lengths(
-            document=document, model_dir=model_dir, source=evals
-        )
-        errors.update(eval_error)
+    # Each prompt source (the training set, the eval set): its longest prompt, or why it cannot feed
+    # the rollout (then its lengths are not judged).
+    measured = {
+        source.field: _source_prompt_lengths(document=document, model_dir=model_dir, source=source)
+        for source in _prompt_sources(document)
+    }
+    for _, source_errors in measured.values():
+        errors.update(source_errors)
+    prompts, train_errors = measured.get("train_dataset", (None, {}))
+    dataset_error = bool(train_errors)
+    # Judged against the context: the training prompts (unmeasured: one of 1 token), the eval
+    # prompts where measured; never a set that cannot feed the rollout.
+    judged = {} if dataset_error else {"train_dataset": prompts}
+    eval_prompts, eval_errors = measured.get("eval_dataset", (None, {}))
+    if eval_prompts is not None and not eval_errors:
+        judged["eval_dataset"] = eval_prompts
     if resources.server is None:
         limit, server_errors = _own_server_limit(model=model, model_dir=model_dir, resources=resources)
-        where = "the run's vLLM server"
+        where = _OWN
     else:
         limit, server_errors = _named_server_limit(name=resources.server, model=model, model_dir=model_dir)
         where = f"the vLLM server {resources.server!r}"
     errors.update(server_errors)
-    if limit is not None and not dataset_error:
+    for source_field, source_prompts in judged.items() if limit is not None else ():
         for field, message in _length_errors(
             completion=completion,
-            prompts=prompts,
+            prompts=source_prompts,
             limit=limit,
             where=where,
             own_server=resources.server is None,
-        ).items():
-            errors.setdefault(field, message)
-    if limit is not None and eval_prompts is not None and not eval_error:
-        for field, message in _length_errors(
-            completion=completion,
-            prompts=eval_prompts,
-            limit=limit,
-            where=where,
-            own_server=resources.server is None,
-            field="eval_dataset",
+            field=source_field,
         ).items():
             errors.setdefault(field, message)
     budget = args.get("token_budget")
@@ -198,42 +195,34 @@ def per_run_max_model_len(
     limit = model_context_limit(model=model, model_dir=model_dir) or ContextLimit(
         DEFAULT_MAX_MODEL_LEN, "trainer serve's default (the model's config names no limit)"
     )
-    prompts, note = None, ""
-    if dataset and "prompt" in _prompt_columns(document):
+    lengths: dict[str, PromptLengths] = {}  # field -> its dataset's longest prompt, where measured
+    note = ""
+    local = {"train_dataset": dataset, "eval_dataset": eval_dataset}
+    for source in _prompt_sources(document):
+        if not local[source.field]:
+            continue
         try:
-            prompts = _measure(document=document, model_dir=model_dir, dataset=dataset)
+            lengths[source.field] = _measure(
+                document=document, model_dir=model_dir, dataset=local[source.field], source=source
+            )
         except Exception as exc:  # the trainer reports a dataset it cannot use, in its own words
-            note = f" (prompts not measured: {type(exc).__name__}: {str(exc)[:200]})"
+            what = "prompts" if source.field == "train_dataset" else "eval prompts"
+            note += f" ({what} not measured: {type(exc).__name__}: {str(exc)[:200]})"
+    # Unmeasured training prompts are judged as one of 1 token; an unmeasured eval set not at all.
     refusal = _length_errors(
-        completion=completion, prompts=prompts, limit=limit, where="the run's vLLM server"
+        completion=completion, prompts=lengths.get("train_dataset"), limit=limit, where=_OWN
     )
-    evals = _eval_source(document)
-    if evals is not None and eval_dataset:
-        try:
-            eval_prompts = _measure(
-                document=document, model_dir=model_dir, dataset=eval_dataset, source=evals
-            )
-        except Exception as exc:
-            note += f" (eval prompts not measured: {type(exc).__name__}: {str(exc)[:200]})"
-        else:
-            for field, message in _length_errors(
-                completion=completion,
-                prompts=eval_prompts,
-                limit=limit,
-                where="the run's vLLM server",
-                field="eval_dataset",
-            ).items():
-                refusal.setdefault(field, message)
-            # Both sets' rows: the longest of either sizes the server, "sampled" when either was.
-            prompts = (
-                eval_prompts
-                if prompts is None
-                else PromptLengths(
-                    max(prompts.longest, eval_prompts.longest),
-                    prompts.measured + eval_prompts.measured,
-                    prompts.total + eval_prompts.total,
-                )
-            )
+    if "eval_dataset" in lengths:
+        for field, message in _length_errors(
+            completion=completion,
+            prompts=lengths["eval_dataset"],
+            limit=limit,
+            where=_OWN,
+            field="eval_dataset",
+        ).items():
+            refusal.setdefault(field, message)
+    # The server completes both sets: the longest of either sizes it, "sampled" when either was.
+    prompts = functools.reduce(PromptLengths.joined, lengths.values()) if lengths else None
     if refusal:
         field, message = next(iter(refusal.items()))
         raise LaunchRefused(f"{field}: {message}")
@@ -425,20 +414,33 @@ def _prompt_columns(document: dict) -> set[str]:
 @dataclass(frozen=True)
 class _DatasetSource:
     """One dataset the run reads prompts from, as the document names it, and the fields its
-    problems are reported under (``field``; ``split_field`` for a split it does not have)."""
+    problems are reported under (``field``; ``split_field`` for a split it does not have, None:
+    under ``field`` too)."""
 
     field: str
-    split_field: str
+    split_field: str | None
     name: Any
     revision: str | None
     config: str | None
     split: str
 
 
+_OWN = "the run's vLLM server"
+
+
+def _prompt_sources(document: dict) -> list[_DatasetSource]:
+    """The datasets the trainer reads prompts from: the training set, then ``eval_dataset`` if set;
+    none when an environment makes the prompts (its ``reset`` may write them)."""
+    if "prompt" not in _prompt_columns(document):
+        return []
+    evals = _eval_source(document)
+    return [_train_source(document), *([evals] if evals is not None else [])]
+
+
 def _train_source(document: dict) -> _DatasetSource:
     return _DatasetSource(
         field="train_dataset",
-        split_field="dataset_split",
+        split_field=None,
         name=document.get("train_dataset"),
         revision=document.get("dataset_revision"),
         config=document.get("dataset_config"),
@@ -447,11 +449,8 @@ def _train_source(document: dict) -> _DatasetSource:
 
 
 def _eval_source(document: dict) -> _DatasetSource | None:
-    """``eval_dataset`` (read with the training set's ``dataset_columns``), or None when not set or
-    when an environment makes the prompts (its ``reset`` may write them, as for the training set)."""
+    """``eval_dataset`` (read with the training set's ``dataset_columns``), or None when not set."""
     if not isinstance(document.get("eval_dataset"), str) or not document["eval_dataset"]:
-        return None
-    if "prompt" not in _prompt_columns(document):
         return None
     return _DatasetSource(
         field="eval_dataset",
@@ -463,10 +462,9 @@ def _eval_source(document: dict) -> _DatasetSource | None:
     )
 
 
-def _local_dataset(document: dict, source: _DatasetSource | None = None) -> str | None:
-    """The run's dataset (``source``; default the training set) as the trainer loads it, without
-    fetching: a hub id not in the local cache gives None (the worker downloads it later)."""
-    source = source or _train_source(document)
+def _local_dataset(source: _DatasetSource) -> str | None:
+    """``source`` as the trainer loads it, without fetching: a hub id not in the local cache gives
+    None (the worker downloads it later)."""
     dataset = source.name
     if not isinstance(dataset, str) or not dataset:
         return None
@@ -476,14 +474,11 @@ def _local_dataset(document: dict, source: _DatasetSource | None = None) -> str 
     return dataset
 
 
-def _measure(
-    *, document: dict, model_dir: str, dataset: str, source: _DatasetSource | None = None
-) -> PromptLengths:
-    """The dataset's longest prompt with the model's tokenizer (:func:`trainer.run_lengths.run_prompt_lengths`);
-    ``source`` gives its config and split (default the training set's)."""
+def _measure(*, document: dict, model_dir: str, dataset: str, source: _DatasetSource) -> PromptLengths:
+    """The longest prompt of ``dataset`` (``source`` local) with the model's tokenizer
+    (:func:`trainer.run_lengths.run_prompt_lengths`); ``source`` gives its config and split."""
     from trainer.run_schema import parse_json_object
 
-    source = source or _train_source(document)
     args = document.get("args") or {}
     return run_prompt_lengths(
         model_dir=model_dir,
@@ -498,40 +493,23 @@ def _measure(
     )
 
 
-def _prompt_lengths(*, document: dict, model_dir: str | None) -> tuple[PromptLengths | None, str]:
-    """``(the longest prompt or None when it cannot be measured here, why the dataset cannot feed the
-    rollout or "")``."""
-    dataset = _local_dataset(document)
-    if model_dir is None or dataset is None or "prompt" not in _prompt_columns(document):
-        return None, ""
-    try:
-        return _measure(document=document, model_dir=model_dir, dataset=dataset), ""
-    except TokenizerUnavailable:  # e.g. a tokenizer package this host lacks: the worker's may load it
-        logger.info("preflight: the tokenizer of %s cannot be loaded here; prompts not measured", model_dir)
-        return None, ""
-    except ValueError as exc:
-        return None, f"{document['train_dataset']!r} {exc}"
-    except Exception:  # anything else is this host's problem, not the document's: not refused
-        logger.warning("preflight: could not measure the prompts of %r", dataset, exc_info=True)
-        return None, ""
-
-
 def _source_prompt_lengths(
     *, document: dict, model_dir: str | None, source: _DatasetSource
 ) -> tuple[PromptLengths | None, dict[str, str]]:
     """``(the longest prompt of ``source`` or None when it cannot be measured here, {field: why it
-    cannot feed the rollout})``: a split it lacks under ``source.split_field``, the rest under
+    cannot feed the rollout})``: a split it lacks under ``source.split_field`` (if any), the rest under
     ``source.field``."""
-    dataset = _local_dataset(document, source)
+    dataset = _local_dataset(source)
     if model_dir is None or dataset is None:
         return None, {}
     try:
         return _measure(document=document, model_dir=model_dir, dataset=dataset, source=source), {}
-    except TokenizerUnavailable:
+    except TokenizerUnavailable:  # e.g. a tokenizer package this host lacks: the worker's may load it
+        logger.info("preflight: the tokenizer of %s cannot be loaded here; prompts not measured", model_dir)
         return None, {}
     except ValueError as exc:
         text = str(exc)
-        if "split" in text.lower() and source.split.lower() in text.lower():
+        if source.split_field and "split" in text.lower() and source.split.lower() in text.lower():
             return None, {
                 source.split_field: f"{source.split!r}: {source.name!r} {text}; name a split it has"
             }

@@ -70,7 +70,7 @@ class EvalRequest:
 @dataclass
 class EvalResult:
     """What one pass sends back: ``metrics`` (``eval/*`` name -> value) and ``completions`` (one
-    record per completion, as training's logged completions plus ``"eval": True``)."""
+    record per completion, as training's logged completions, without an advantage)."""
 
     step: int
     version: int
@@ -191,5 +191,5 @@ async def run_eval_pass(
     for group, score, _ in passes:
         # No advantage: nothing trains on an eval completion.
         for record in completion_records(group, score, np.full(len(group.completions), math.nan)):
-            completions.append({**record, "advantage": None, "eval": True})
+            completions.append({**record, "advantage": None})
     return EvalResult(request.step, request.version, request.timestamp, metrics, completions)

@@ -156,8 +156,7 @@ class AsyncGRPOTrainer(Trainer):
             if columns is not None and "prompt" not in columns:
                 raise ValueError(f"train_dataset needs a 'prompt' column (conversational); it has {columns}")
             _check_prompts_text_only(train_dataset)
-        evaluates = args.eval_strategy not in (None, "no")
-        if evaluates and eval_dataset is None:
+        if _evaluates(args) and eval_dataset is None:
             raise ValueError(
                 f"eval_strategy={str(args.eval_strategy)!r} needs eval_dataset (held-out prompts); pass one or "
                 "leave eval_strategy 'no'"
@@ -376,7 +375,7 @@ class AsyncGRPOTrainer(Trainer):
             dataset_start_index=self._start_position,
             lora_name=self._lora.lora_name if self._lora is not None else None,
             retired_rows=self._retired_rows,
-            eval_dataset=self.eval_dataset if args.eval_strategy not in (None, "no") else None,
+            eval_dataset=self.eval_dataset if _evaluates(args) else None,
         )
         self._feed.retired_rows = set(self._retired_rows) if args.retire_saturated_prompts else set()
         self._feed.attach(
@@ -748,6 +747,11 @@ def _check_prompts_text_only(dataset, rows: int = 256) -> None:
         row = dataset[i]
         if isinstance(row, dict):
             check_text_only(row.get("prompt"), f"train_dataset row {i}, column 'prompt'")
+
+
+def _evaluates(args: AsyncGRPOConfig) -> bool:
+    """Whether transformers' ``eval_strategy`` asks for evaluations (then ``eval_dataset`` is scored)."""
+    return args.eval_strategy not in (None, "no")
 
 
 def _as_reward_list(reward_funcs) -> list[Callable]:

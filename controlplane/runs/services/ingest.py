@@ -130,19 +130,14 @@ def _metric_steps_upsert(
     is a data-modifying CTE (Postgres runs it to completion whether or not it is read). Returns
     ``{step: (unix seconds, attempt)}`` as stored. The tables' constraints apply."""
     point_table = MetricPoint._meta.db_table
-    step_table = MetricStep._meta.db_table
-    run_table = Run._meta.db_table
     steps = sorted(times)
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH points AS (INSERT INTO {point_table} (run_id, step, name, value) "
             "SELECT %s, s, n, v FROM unnest(%s::integer[], %s::varchar[], %s::double precision[]) AS t(s, n, v) "
             "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value) "
-            f"INSERT INTO {step_table} (run_id, step, time, attempt) "
-            "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
-            f"COALESCE(%s::integer, (SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s)) "
-            "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
-            "ON CONFLICT (run_id, step) DO UPDATE SET time = EXCLUDED.time, attempt = EXCLUDED.attempt "
+            + _step_rows_insert()
+            + "ON CONFLICT (run_id, step) DO UPDATE SET time = EXCLUDED.time, attempt = EXCLUDED.attempt "
             "RETURNING step, extract(epoch FROM time)::double precision, attempt",
             [
                 run_id,
@@ -159,6 +154,18 @@ def _metric_steps_upsert(
         return {step: (stamp, attempt) for step, stamp, attempt in cursor.fetchall()}
 
 
+def _step_rows_insert() -> str:
+    """The :class:`MetricStep` rows of a batch (both statements below): ``INSERT ... SELECT`` over
+    the parameters run id, attempt (None: the run's current one, at least 1), run id, steps (integer
+    array) and unix times (array; NULL: now), before its ``ON CONFLICT`` clause."""
+    return (
+        f"INSERT INTO {MetricStep._meta.db_table} (run_id, step, time, attempt) "
+        "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
+        f"COALESCE(%s::integer, (SELECT GREATEST(attempt, 1) FROM {Run._meta.db_table} WHERE id = %s)) "
+        "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
+    )
+
+
 def _metric_steps_keep(
     run_id: int, times: Mapping[int, float | None], attempt: int | None = None
 ) -> dict[int, tuple[float, int]]:
@@ -167,15 +174,12 @@ def _metric_steps_keep(
     e.g. ``eval_on_start``), left as they are otherwise. Returns ``{step: (unix seconds, attempt)}``
     as stored (one statement: the rows inserted, then the ones that were there)."""
     step_table = MetricStep._meta.db_table
-    run_table = Run._meta.db_table
     steps = sorted(times)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH added AS (INSERT INTO {step_table} (run_id, step, time, attempt) "
-            "SELECT %s, s, COALESCE(to_timestamp(t), now()), "
-            f"COALESCE(%s::integer, (SELECT GREATEST(attempt, 1) FROM {run_table} WHERE id = %s)) "
-            "FROM unnest(%s::integer[], %s::double precision[]) AS x(s, t) "
-            "ON CONFLICT (run_id, step) DO NOTHING RETURNING step, time, attempt) "
+            "WITH added AS ("
+            + _step_rows_insert()
+            + "ON CONFLICT (run_id, step) DO NOTHING RETURNING step, time, attempt) "
             "SELECT step, extract(epoch FROM time)::double precision, attempt FROM added "
             f"UNION ALL SELECT step, extract(epoch FROM time)::double precision, attempt FROM {step_table} "
             "WHERE run_id = %s AND step = ANY(%s::integer[]) AND step NOT IN (SELECT step FROM added)",
