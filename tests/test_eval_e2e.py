@@ -26,11 +26,13 @@ from trainer.weight_sync.client import server_info
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-STEPS, EVAL_STEPS, MAX_PROMPTS, SEED = 60, 10, 48, 0
-# pass_rise over 6 seeds (bench/results/eval-overhead-cpu.json): mean 0.306, sd 0.038, lowest 0.260;
-# mean - 3.1 sd = 0.187 (below 1 in 1,000 under a normal fit). Six seeds estimate the sd loosely, so the
-# bar sits lower still, at mean - 5.4 sd: a trainer whose eval did not move fails it all the same.
-BAR = 0.10
+STEPS, EVAL_STEPS, MAX_PROMPTS, SEED = 40, 10, 48, 0
+# pass_rise at 40 steps (evals at 0..40; the 60-step curves of bench/results/eval-overhead-cpu.json cut
+# at step 40, 6 seeds): 0.219, 0.219, 0.156, 0.240, 0.281, 0.229; mean 0.224, sd 0.040, lowest 0.156.
+# mean - 3.1 sd = 0.098 is the 1-in-1,000 point under a normal fit; the bar sits just under it. A
+# trainer whose eval did not move (rise ~0, sd ~0.04 from the greedy pass's sampling of 48 prompts)
+# fails it. 40 steps rather than the 60 measured: the suite's time (issue 27).
+BAR = 0.09
 EVAL_NAMES = (
     "eval/reward",
     "eval/reward_std",
