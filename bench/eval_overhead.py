@@ -9,7 +9,7 @@ facts, ``arithmetic-unseen``) trains ``--steps`` steps twice on one server: with
   reproducible: ``GRPO_STARVED_FLUSH_S=off``, so each step trains the same number of samples), and
   ``perf/eval_wait_s`` (a sync waiting for the pass of the weights it replaces);
 * the eval curve: ``eval/pass@1`` and ``eval/reward`` at each eval step, ``eval/duration_s``, and the
-  learning statistic of tests/test_eval_e2e.py (``pass_rise``: mean pass@1 of the last two evals minus
+  eval learning statistic of tests/test_demo_learning.py (``pass_rise``: mean pass@1 of the last two evals minus
   that of the first two).
 
     python -m bench.eval_overhead --seeds 0 1 2 3 --steps 60 --out bench/results/eval-overhead-cpu.json

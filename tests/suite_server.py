@@ -28,7 +28,7 @@ from pathlib import Path
 from worker.processes import VLLMServer, http_ok
 
 # The tiny model in fp32, with the context the tests need (prompts + completions of at most 1024 tokens),
-# scheduling by priority so that evaluation's requests go first (tests/test_eval_e2e.py).
+# scheduling by priority so that evaluation's requests go first (tests/test_demo_learning.py).
 SERVER_FLAGS = ["--max-model-len", "1024", "--dtype", "float32", "--scheduling-policy", "priority"]
 URL_ENV = "GRPO_TEST_VLLM_URL"
 LOG_ENV = "GRPO_TEST_VLLM_LOG"

@@ -18,19 +18,54 @@ document less its curriculum (``loop_cls``), its row cap (``max_samples_per_row`
 retirement (``retire_saturated_prompts``), on the held-out facts alone (``arithmetic-unseen``, not
 the curriculum's ``arithmetic-levels``), which change the statistic (a level change is a planned dip in reward). The curriculum is tested by
 tests/test_curriculum.py and measured, in the whole demo, by ``python -m bench.demo_pace``.
+
+The same run is also the end-to-end test of evaluation during training (issue 30; one run instead of
+two, for the suite's time: issue 27): it trains ``STEPS`` = 40 steps with ``eval_dataset:
+arithmetic-unseen``, ``eval_strategy: steps``, ``eval_steps: 10`` and ``eval_on_start``, and
+``rise`` is read over its first ``RISE_STEPS`` = 30 steps, as the bar's runs were (a constant
+learning rate: the first 30 steps of a longer run are a 30-step run). What the eval passes change in
+those steps is when five weight syncs happen (each waits for the pass of the weights before it:
+0-0.31 s per 60-step run, docs/benchmarks.md "Evaluation during training") and ~1 s of the server
+per pass; a step's samples still close on token counts. Every eval step gets one ``metrics.jsonl``
+line with every ``eval/*`` metric and its greedy completions in ``completions.jsonl`` marked
+``eval``; the eval requests reach the server with a higher priority than the rollouts (the suite's
+server schedules by priority: ``tests/suite_server.py``); and greedy ``eval/pass@1`` on the held-out
+facts rises: ``pass_rise`` (mean pass@1 of the evals at 30 and 40 minus those at 0 and 10) against
+``EVAL_BAR``, from its distribution over seeds (``python -m bench.eval_overhead``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from bench.demo_learning import RISE_FIRST, RISE_LAST, one_mix_document, rise, run_document, train_once
+from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_rise
 from trainer.metrics import REWARD_FUNC_MEAN, always_logged
+from trainer.rollout.vllm_client import ServerSettings, VLLMClient
+from trainer.weight_sync.client import server_info
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-STEPS = 30
+STEPS, RISE_STEPS = 40, 30
 SEED = 0
+EVAL_STEPS, EVAL_MAX_PROMPTS = 10, 48
+# pass_rise at 40 steps (evals at 0..40; the 60-step curves of bench/results/eval-overhead-cpu.json cut
+# at step 40, 6 seeds): 0.219, 0.219, 0.156, 0.240, 0.281, 0.229; mean 0.224, sd 0.040, lowest 0.156.
+# mean - 3.1 sd = 0.098 is the 1-in-1,000 point under a normal fit; the bar sits just under it. An
+# eval that does not follow the policy (a rise of ~0) fails it.
+EVAL_BAR = 0.09
+EVAL_NAMES = (
+    "eval/reward",
+    "eval/reward_std",
+    "eval/rewards/accuracy_reward/mean",
+    "eval/pass@1",
+    "eval/completions/mean_length",
+    "eval/completions/clipped_ratio",
+    "eval/duration_s",
+)
 # The 20-seed distribution of rise (docs/benchmarks.md, bench/results/demo-learning-reproducible-cpu.json):
 # mean 0.231, sd 0.065, lowest 0.054; mean - 3.1 sd = 0.0299 (one-sided normal tail: < 1 in 1,000).
 BAR = 0.029
@@ -39,13 +74,17 @@ BAR = 0.029
 SPEC_METRICS = [*always_logged(), REWARD_FUNC_MEAN.format(name="accuracy_reward")]
 
 
-def test_demo_reward_rises_and_every_spec_metric_is_logged(vllm_server, tiny_model_dir, tmp_path):
-    doc = run_document(STEPS, SEED, {}, tmp_path / "out", vllm_server.base_url)
+def test_demo_reward_rises_every_spec_metric_is_logged_and_the_eval_follows_the_policy(
+    vllm_server, tiny_model_dir, tmp_path
+):
+    out = tmp_path / "out"
+    doc = run_document(STEPS, SEED, {"log_completions": True}, out, vllm_server.base_url)
     # the demo as make run starts it, then as the bar was measured
     assert doc["loop_cls"] == "trainer.tasks.curriculum.LevelCurriculumLoop"
     doc = one_mix_document(doc)  # see the module's docstring
     assert "loop_cls" not in doc and doc["train_dataset"] == "arithmetic-unseen"
     assert doc["reward_funcs"] == ["trainer.rewards.accuracy_reward"]  # correctness only
+    doc = eval_document(doc, eval_steps=EVAL_STEPS, max_prompts=EVAL_MAX_PROMPTS)
     rows = train_once(doc, tmp_path, timeout_s=1800, reproducible=True)  # a hang guard, not a verdict
 
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -55,8 +94,53 @@ def test_demo_reward_rises_and_every_spec_metric_is_logged(vllm_server, tiny_mod
     # catalogue is checked over the whole run, and reward must be there at nearly every step.
     missing = [name for name in SPEC_METRICS if not any(name in r for r in rows)]
     assert not missing, missing
-    rewards = [r["reward"] for r in rows if "reward" in r]
-    assert len(rewards) >= 0.9 * STEPS, len(rewards)
+    rewards = [r["reward"] for r in rows if "reward" in r and r["step"] <= RISE_STEPS]
+    assert len(rewards) >= 0.9 * RISE_STEPS, len(rewards)
     gained = rise(rewards)
     print(f"demo seed {SEED}: rise {gained:.3f} (last {RISE_LAST} - first {RISE_FIRST}); bar {BAR}")
     assert gained >= BAR, (gained, [round(x, 2) for x in rewards])
+
+    _check_eval(out, vllm_server.base_url)
+
+
+def _check_eval(out, base_url: str) -> None:
+    """The eval passes of the run in ``out``: at their steps, with their completions, pass@1 rising."""
+    lines = metric_lines(out)
+    curve = eval_curve(lines)
+    assert list(curve) == list(range(0, STEPS + 1, EVAL_STEPS))  # eval_on_start, then every 10 steps
+    for step, values in curve.items():
+        assert set(EVAL_NAMES) <= set(values), (step, sorted(values))
+        assert 0.0 <= values["eval/pass@1"] <= 1.0 and values["eval/duration_s"] > 0
+    # each eval line is its own record, at the step it evaluated, written after that step's log
+    assert not any("loss" in r for r in lines if any(k.startswith("eval/") for k in r))
+
+    rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r.get("eval")]
+    assert {r["step"] for r in evals} == set(curve)
+    assert all(sum(r["step"] == s for r in evals) == EVAL_MAX_PROMPTS for s in curve)  # k = 1 per prompt
+    assert all(r["advantage"] is None and r["reference"] for r in evals)
+    first = [r["row_index"] for r in evals if r["step"] == 0]
+    assert first == list(range(EVAL_MAX_PROMPTS))  # the first rows, in order, at every eval
+    # pass@1 is the share of eval completions whose reward reached eval_pass_threshold (k = 1)
+    at_last = [r for r in evals if r["step"] == STEPS]
+    passed = sum((r["reward"] or 0.0) >= 1.0 for r in at_last) / EVAL_MAX_PROMPTS
+    assert curve[STEPS]["eval/pass@1"] == pytest.approx(passed)
+
+    # the server orders requests by priority (the suite server's flag) and the rollout process reads
+    # it so, so the eval's requests carry theirs
+    assert server_info(base_url)["vllm_config"]["scheduler_config"]["policy"] == "priority"
+    assert asyncio.run(_server_settings(base_url)).priority_scheduling
+
+    gained = pass_rise(curve)
+    print(
+        f"eval seed {SEED}: pass@1 {[round(v['eval/pass@1'], 3) for v in curve.values()]}, rise {gained:.3f}"
+    )
+    assert gained is not None and gained >= EVAL_BAR, curve
+
+
+async def _server_settings(base_url: str) -> ServerSettings:
+    client = VLLMClient(base_url, None)
+    try:
+        return await client.server_settings()
+    finally:
+        await client.close()

