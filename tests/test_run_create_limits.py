@@ -82,18 +82,20 @@ def test_the_rate_and_the_queued_cap_hold_for_parallel_creations(tmp_path, djang
 
 
 def test_a_creation_over_the_cap_is_refused_before_the_launch_checks(django_user_model, settings):
-    """The limits are read first (then again under the lock): a user at the cap gets the 429's
-    reason at once, without the launch checks' second of loading a tokenizer and a dataset. The
-    document here would fail those checks (no such dataset), so a check made first would say so."""
+    """The limits are read before the launch checks (then again under the lock): a user at the cap
+    gets the 429's reason at once, without the launch checks' second of loading a tokenizer and a
+    dataset. The document here passes its own rules but fails the launch checks (its completions do
+    not fit the model's context), so checks made first would say so. A document that breaks its own
+    rules is still told so first (tests/test_runs_api.py: a 400 while capped)."""
     owner = django_user_model.objects.create_user(username="capped")
     settings.GRPO_MAX_QUEUED_RUNS_PER_USER = 1
     services.run_create(owner=owner, config=DOCUMENT, launch=False)
-    invalid = {**DOCUMENT, "train_dataset": "no-such-dataset-anywhere"}
+    too_long = {**DOCUMENT, "args": {**DOCUMENT["args"], "max_completion_length": 100_000}}
     with pytest.raises(services.QueuedRunsLimit, match="GRPO_MAX_QUEUED_RUNS_PER_USER"):
-        services.run_create(owner=owner, config=invalid, launch=False)
+        services.run_create(owner=owner, config=too_long, launch=False)
     assert Run.objects.filter(owner=owner).count() == 1
-    # below the cap the same document is refused by the checks, naming the field
+    # below the cap the same document is refused by the launch checks, naming the field
     settings.GRPO_MAX_QUEUED_RUNS_PER_USER = 2
     with pytest.raises(RunConfigError) as refused:
-        services.run_create(owner=owner, config=invalid, launch=False)
-    assert "train_dataset" in refused.value.errors
+        services.run_create(owner=owner, config=too_long, launch=False)
+    assert "args.max_completion_length" in refused.value.errors

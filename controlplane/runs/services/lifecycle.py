@@ -94,16 +94,20 @@ def run_create(
     :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
     """
     key = idempotency_key.strip()[:255]
+    existing = Run.objects.filter(owner=owner, idempotency_key=key).first() if key else None
+    # The document's own rules first (no transformers import; a document of aliases expanding past
+    # the size limit is refused here, before anything reads it whole: the digest).
+    document = run_document_validate(document=config, owner=owner)
+    if existing is None:
+        # Refused before the launch checks (a tokenizer load, a dataset read, a server query: about
+        # a second each, one at a time per process) when the limits are already reached; the check
+        # under the owner's lock below is the one that holds for parallel requests. A retried POST
+        # (its key already used) is answered with its run, as always.
+        _creation_limits_check(owner, locked=False)
+    _launch_checks_pass(document)
     digest = _config_sha256(config) if isinstance(config, dict) else ""
-    if key:
-        existing = Run.objects.filter(owner=owner, idempotency_key=key).first()
-        if existing is not None:
-            return _idempotent_replay(existing, digest), False
-    # Refused before the launch checks (a tokenizer load, a dataset read, a server query: about a
-    # second each, one at a time per process) when the limits are already reached; the check under
-    # the owner's lock below is the one that holds for parallel requests.
-    _creation_limits_check(owner, locked=False)
-    run_config_validate(config=config, owner=owner)
+    if existing is not None:
+        return _idempotent_replay(existing, digest), False
     try:
         with transaction.atomic():
             _creation_limits_check(owner, locked=True)
@@ -169,10 +173,16 @@ def run_config_validate(*, config: Any, owner: Any = None) -> dict:
     creates the run, may name a checkpoint of their own runs as the model.
     """
     document = run_document_validate(document=config, owner=owner)
+    _launch_checks_pass(document)
+    return document
+
+
+def _launch_checks_pass(document: dict) -> None:
+    """Raise :class:`~trainer.run_config.RunConfigError` with what the launch checks find wrong in a
+    document that passed its own rules."""
     errors = run_launch_errors(document=document)
     if errors:
         raise RunConfigError(errors)
-    return document
 
 
 def run_launch(*, run: Run) -> Run:
