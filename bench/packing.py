@@ -47,6 +47,7 @@ import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
+from trainer.compiled_layers import compile_decoder_layers
 from trainer.fused_head import fused_head_weight, lm_head_bypassed
 from trainer.linear_attention import install_tree_linear_attention
 from trainer.loss import LossConfig, LossOutput, packed_row_loss
@@ -381,10 +382,15 @@ def matmul_ceiling(device: torch.device, size: int = 8192, reps: int = 10) -> fl
 
 
 def build_model(
-    shape: str, device: torch.device, checkpointing: bool = True, compile_pointwise: bool = False
+    shape: str,
+    device: torch.device,
+    checkpointing: bool = True,
+    compile_pointwise: bool = False,
+    layer_budget: float | None = None,
 ) -> Qwen3ForCausalLM:
     """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
-    told), in train mode."""
+    told), in train mode; with ``layer_budget``, each decoder layer compiled whole under that
+    activation memory budget (:mod:`trainer.compiled_layers`) instead."""
     torch.manual_seed(0)
     common = dict(
         tie_word_embeddings=True, max_position_embeddings=40960, attention_dropout=0.0, use_cache=False
@@ -403,9 +409,13 @@ def build_model(
         with torch.device(device):
             model = Qwen3ForCausalLM(config)
     model = model.to(torch.bfloat16)
-    if checkpointing:
+    if layer_budget is not None:
+        torch._dynamo.reset()  # the layers' graphs of an earlier variant were partitioned under its budget
+        model.set_attn_implementation(TREE_ATTENTION)
+        compile_decoder_layers(model, memory_budget=layer_budget)
+    elif checkpointing:
         model.gradient_checkpointing_enable()
-    if compile_pointwise:
+    if compile_pointwise and layer_budget is None:
         compile_pointwise_modules(model)
     model.train()
     return model

@@ -67,6 +67,20 @@ VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
     "eager": (True, False),
     "fast": (False, True),
 }
+# ``layer<budget>`` (e.g. ``layer0.3``): each decoder layer compiled whole, no HF checkpointing, the
+# compiler's partitioner recomputing under that activation memory budget (trainer.compiled_layers).
+LAYER_PREFIX = "layer"
+
+
+def variant_settings(name: str) -> tuple[bool, bool, float | None]:
+    """(HF gradient checkpointing, compiled norm/MLP blocks, whole-layer budget or None) of a variant."""
+    if name.startswith(LAYER_PREFIX):
+        return False, True, float(name[len(LAYER_PREFIX) :])
+    if name not in VARIANTS:
+        raise SystemExit(f"--variants: {name!r} is none of {sorted(VARIANTS)} or {LAYER_PREFIX}<budget>")
+    return (*VARIANTS[name], None)
+
+
 LAYOUTS = ("tree", "padding_free")
 
 
@@ -251,8 +265,9 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
         "shape": shape,
         "workload": workload_name,
         "variant": variant,
-        "gradient_checkpointing": VARIANTS[variant][0],
-        "compile_pointwise": VARIANTS[variant][1],
+        "gradient_checkpointing": variant_settings(variant)[0],
+        "compile_pointwise": variant_settings(variant)[1],
+        "layer_memory_budget": variant_settings(variant)[2],
         "draws": len(draws),
         "packing_ratio": _spread([r["packing_ratio"] for r in draws]),
         "tree_vs_padding_free": _spread([r["tree_vs_padding_free"] for r in draws]),
@@ -287,7 +302,8 @@ def add_recompute(summaries: list[dict[str, Any]]) -> None:
             continue
         for other in summaries:
             same = all(other[k] == s[k] for k in ("shape", "workload", "compile_pointwise"))
-            if same and not other["gradient_checkpointing"] and "breakdown_tree_step_s" in other:
+            plain = not other["gradient_checkpointing"] and other.get("layer_memory_budget") is None
+            if same and plain and "breakdown_tree_step_s" in other:
                 mine, theirs = s["breakdown_tree_step_s"], other["breakdown_tree_step_s"]
                 mine["recompute_estimate_s"] = mine["device_total"] - theirs["device_total"]
 
@@ -324,7 +340,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny model, lengths / 16 (CPU smoke run)")
     parser.add_argument("--plan", default="qwen3-1.7b:3.4,qwen3-1.7b:1.0", help="shape:workload pairs")
-    parser.add_argument("--variants", default="default,fast", help=f"of {sorted(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default="default,fast", help=f"of {sorted(VARIANTS)} or {LAYER_PREFIX}<budget>"
+    )
     parser.add_argument("--draws", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--token-budget", type=int, default=16384)
@@ -376,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for variant in args.variants.split(","):
-        checkpointing, compiled = VARIANTS[variant]
+        checkpointing, compiled, layer_budget = variant_settings(variant)
         for shape, workload_name in plan:
             if time.perf_counter() - started > args.time_budget:
                 report["skipped"].append({"shape": shape, "workload": workload_name, "variant": variant})
@@ -384,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(
                 f"[{time.perf_counter() - started:6.1f}s] {shape} ratio~{workload_name} {variant}", flush=True
             )
-            model = build_model(shape, device, checkpointing, compiled)
+            model = build_model(shape, device, checkpointing, compiled, layer_budget)
             model.set_attn_implementation(TREE_ATTENTION)
             result = measure_config(model, shape, workload_name, variant, args, device, report)
             del model

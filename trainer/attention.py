@@ -68,6 +68,10 @@ class TreeMask:
     backend: str = "auto"
     positions: torch.Tensor | None = None
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+    # Set by prepare_flex (before compiled layers, which must not build masks inside their region):
+    # the FlexAttention length bucket and its block mask per sliding window (None = full attention).
+    padded_len: int | None = field(default=None, repr=False)
+    flex_masks: dict[int | None, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.tin.shape != self.tout.shape or self.tin.dim() not in (1, 2):
@@ -131,6 +135,13 @@ class TreeMask:
                 _compile=True,
             )
         return self._cache[key]
+
+    def prepare_flex(self, device: torch.device, windows: set[int | None]) -> None:
+        """Build the FlexAttention block masks of every window in ``windows`` now, at the row's length
+        bucket, so layers compiled whole only read them (:mod:`trainer.compiled_layers`)."""
+        padded = padded_length(self.tin.shape[-1])
+        self.flex_masks = {w: self.block_mask(padded, device, w) for w in windows}
+        self.padded_len = padded
 
 
 def _pad_tree(tin: torch.Tensor, tout: torch.Tensor, padded_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,12 +253,15 @@ def _flex_tree(
             "tree attention's FlexAttention path has no attention dropout; set attention_dropout=0"
         )
     length = query.shape[2]
-    padded = padded_length(length)
+    prepared = tree_mask.flex_masks is not None and window in tree_mask.flex_masks
+    padded = tree_mask.padded_len if prepared else padded_length(length)
     if padded != length:
         pad = (0, 0, 0, padded - length)
         query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
     flex = _flex_attention()  # first: it raises the recompile limit the block-mask builder also needs
-    block_mask = tree_mask.block_mask(padded, query.device, window)
+    block_mask = (
+        tree_mask.flex_masks[window] if prepared else tree_mask.block_mask(padded, query.device, window)
+    )
     out = flex(
         query,
         key,

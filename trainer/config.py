@@ -36,6 +36,7 @@ class AsyncGRPOConfig(TrainingArguments):
     gradient_checkpointing: bool = _spec_field("gradient_checkpointing")
     bf16: bool | None = _spec_field("bf16")
     torch_compile: bool | None = _spec_field("torch_compile")
+    activation_memory_budget: float = _spec_field("activation_memory_budget")
     learning_rate: float = _spec_field("learning_rate")
     lr_scheduler_type: str = _spec_field("lr_scheduler_type")
     ignore_data_skip: bool = _spec_field("ignore_data_skip")

@@ -88,6 +88,7 @@ FIELD_RANGES: dict[str, Range] = {
     "token_budget": Range(1, 2**24),
     "max_samples_per_row": Range(1, 2**24, note="samples; null: no cap"),
     "tree_min_shared_tokens": Range(0, 2**24, note="None: 32 on CUDA, 0 on CPU"),
+    "activation_memory_budget": Range(0, 1, low_open=True, note="share of the activations kept"),
     "max_concurrent_rollouts": Range(1, 10**6),
     "max_staleness": Range(0, 10**6),
     "weight_sync_steps": Range(1, 10**6),

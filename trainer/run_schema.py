@@ -92,9 +92,19 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
         "torch_compile",
         "bool",
         None,
-        "Compile the norm and MLP blocks; None = on when training on CUDA (measured faster at the same "
-        "memory), off on CPU.",
+        "Compile the model's blocks; None = on when training on CUDA (measured faster at the same "
+        "memory), off on CPU. On CUDA each decoder layer is compiled whole, tree attention inside, and "
+        "the compiler chooses what to recompute (activation_memory_budget); elsewhere the norm and MLP "
+        "blocks.",
         nullable=True,
+    ),
+    _spec(
+        "activation_memory_budget",
+        "float",
+        0.02,
+        "Extension beyond the spec: with gradient_checkpointing and layers compiled whole (CUDA), the "
+        "share of the activations an unconstrained backward would keep that it may keep; the compiler "
+        "recomputes the rest, cheapest first (1.0 = keep all, as without checkpointing).",
     ),
     _spec("learning_rate", "float", 1e-6, "AdamW learning rate."),
     _spec("lr_scheduler_type", "str", "constant", "Constant: epochs have no known length."),

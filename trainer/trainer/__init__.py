@@ -36,6 +36,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_
 
 from trainer.attention import tree_forward_kwargs
 from trainer.chat_template import check_text_only
+from trainer.compiled_layers import (
+    checkpointing_left_to_the_compiler,
+    compile_decoder_layers,
+    layer_memory_budget,
+)
 from trainer.config import AsyncGRPOConfig
 from trainer.feed import RolloutFeed
 from trainer.fused_head import fused_lm_head
@@ -178,9 +183,21 @@ class AsyncGRPOTrainer(Trainer):
             processing_class = prepare_tokenizer(processing_class)
         if peft_config is not None:
             policy = wrap_peft(policy, peft_config)
-        if args.torch_compile:
-            # Whole-model compilation would trace through the tree mask; the element-wise blocks are
-            # what compiling gains here (tree attention's FlexAttention is compiled on CUDA anyway).
+        # Whole-model compilation would trace through the tree mask. On CUDA each decoder layer is
+        # compiled whole (its block mask built before the first layer) and the compiler chooses
+        # what the backward recomputes; elsewhere the norm and MLP blocks are (trainer.compiled_layers).
+        self._layer_budget = (
+            layer_memory_budget(policy, args, on_cuda=torch.cuda.is_available() and not args.use_cpu)
+            if args.torch_compile
+            else None
+        )
+        if self._layer_budget is not None:
+            compile_decoder_layers(policy, memory_budget=self._layer_budget)
+            logger.info(
+                "torch_compile: decoder layers compiled whole, activation_memory_budget %.3g",
+                self._layer_budget,
+            )
+        elif args.torch_compile:
             compile_pointwise_modules(policy)
         self.rollout_dataset = train_dataset
         self.loss_config = LossConfig.from_args(args)
@@ -721,6 +738,8 @@ class _PipelineCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer._layer_budget is not None:
+            checkpointing_left_to_the_compiler(self.trainer.model)
         self.trainer._start_pipeline()
         self.trainer._step_started = time.perf_counter()
 
