@@ -97,6 +97,9 @@ def test_which_runs_compile_their_layers_whole_and_under_which_budget():
     assert layer_memory_budget(model, args(gradient_checkpointing=False), on_cuda=True) == 1.0
     assert layer_memory_budget(model, args(), on_cuda=False) is None  # CPU: the norm/MLP blocks
     assert layer_memory_budget(model, args(fsdp="full_shard"), on_cuda=True) is None
+    model.config.num_experts = 8  # a mixture-of-experts config: its routing is not compiled whole
+    assert layer_memory_budget(model, args(), on_cuda=True) is None
+    del model.config.num_experts
     model.peft_config = {"default": object()}  # what PEFT's wrapper carries
     assert layer_memory_budget(model, args(), on_cuda=True) is None
 

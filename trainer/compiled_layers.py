@@ -15,8 +15,9 @@ the first layer, by a forward pre-hook on the model (:func:`_build_block_masks`)
 read it (``TreeMask.flex_masks``); its length bucket (``TreeMask.padded_len``) is a Python int, so a
 region compiles once per bucket while the row length stays dynamic inside it.
 
-Layers that are not plain attention layers (gated DeltaNet's custom kernels) keep the norm/MLP
-compilation of :func:`trainer.modeling.compile_pointwise_modules`: :func:`layer_compile_refusal`.
+Layers that are not plain attention layers (gated DeltaNet's custom kernels, mixture-of-experts
+routing) keep the norm/MLP compilation of :func:`trainer.modeling.compile_pointwise_modules`:
+:func:`layer_compile_refusal`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def layer_compile_refusal(model: torch.nn.Module) -> str | None:
     layer_types = set(getattr(config, "layer_types", None) or [])
     if "linear_attention" in layer_types:
         return "linear-attention layers run custom kernels the compiler does not trace"
+    if any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return "mixture-of-experts layers route tokens by data-dependent shapes (not measured whole)"
     return None
 
 
