@@ -156,6 +156,12 @@ def rise(rewards: list[float]) -> float | None:
     return statistics.fmean(rewards[-RISE_LAST:]) - statistics.fmean(rewards[:RISE_FIRST])
 
 
+def first_steps(c: dict, steps: int) -> dict:
+    """A :func:`curve` cut to its steps up to ``steps``."""
+    keep = [i for i, step in enumerate(c["steps"]) if step <= steps]
+    return {k: [c[k][i] for i in keep] for k in ("steps", "reward", "elapsed_s")}
+
+
 def summary(c: dict, window: int = 5) -> dict:
     """First/last ``window`` steps' mean reward, the test's ``rise`` and the first step at or above ``REACH``."""
     r = c["reward"]
@@ -201,6 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-mix", action="store_true", help="the learning test's document (one_mix_document)"
     )
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="evaluate as the learning test does (bench.eval_overhead.eval_document: every 10 steps, "
+        "48 greedy prompts; the server schedules by priority)",
+    )
+    parser.add_argument(
+        "--rise-steps", type=int, default=None, help="read rise over the first N steps (the test: 30 of 40)"
+    )
     opts = parser.parse_args(argv)
     overrides = {}
     for item in opts.set:
@@ -211,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     base_url = opts.base_url
     if base_url is None:
-        server = start_tiny_server(workroot)
+        server = start_tiny_server(workroot, ["--scheduling-policy", "priority"] if opts.eval else [])
         base_url = server.base_url
     runs = []
     try:
@@ -221,9 +236,16 @@ def main(argv: list[str] | None = None) -> int:
             doc = run_document(opts.steps, seed, overrides, workdir / "out", base_url, opts.dataset)
             if opts.one_mix:
                 doc = one_mix_document(doc)
+            if opts.eval:
+                from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_rise
+
+                doc = eval_document(doc, eval_steps=10, max_prompts=48)
             t0 = time.monotonic()
             c = curve(train_once(doc, workdir, opts.timeout, reproducible=opts.reproducible))
-            runs.append({"seed": seed, "wall_s": round(time.monotonic() - t0, 1), **c, **summary(c)})
+            read = c if opts.rise_steps is None else first_steps(c, opts.rise_steps)
+            runs.append({"seed": seed, "wall_s": round(time.monotonic() - t0, 1), **c, **summary(read)})
+            if opts.eval:
+                runs[-1]["pass_rise"] = pass_rise(eval_curve(metric_lines(workdir / "out")))
             print(
                 json.dumps({k: v for k, v in runs[-1].items() if k not in ("steps", "elapsed_s")}), flush=True
             )
