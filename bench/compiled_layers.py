@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -116,7 +115,6 @@ def main(argv: list[str] | None = None) -> dict:
     workload = WORKLOADS[args.workload]
     if args.tiny:
         args.shape, workload, args.token_budget = "tiny", workload.scaled(16), min(args.token_budget, 1024)
-    random.seed(args.seed)
     samples = draw_samples(args.seed, workload, SHAPES[args.shape]["vocab_size"], args.token_budget)
     row = pack_row(samples, NUM_TOP_LOGPROBS)
     report = {"command": " ".join(sys.argv), "torch": torch.__version__, "row_tokens": row.num_tokens,

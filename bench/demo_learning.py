@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         server = start_tiny_server(workroot, ["--scheduling-policy", "priority"] if opts.eval else [])
         base_url = server.base_url
     runs = []
+    if opts.eval:  # bench.eval_overhead imports this module: imported here, once
+        from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_rise
     try:
         for seed in opts.seeds:
             workdir = workroot / f"seed{seed}"
@@ -237,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
             if opts.one_mix:
                 doc = one_mix_document(doc)
             if opts.eval:
-                from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_rise
-
                 doc = eval_document(doc, eval_steps=10, max_prompts=48)
             t0 = time.monotonic()
             c = curve(train_once(doc, workdir, opts.timeout, reproducible=opts.reproducible))

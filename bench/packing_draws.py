@@ -261,13 +261,14 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
             f"pf {record['padding_free']['trained_tokens_per_s'] / 1e3:.1f} ktok/s -> {record['tree_vs_padding_free']:.3f}x",
             flush=True,
         )
+    checkpointing, compiled, layer_budget = variant_settings(variant)
     summary: dict[str, Any] = {
         "shape": shape,
         "workload": workload_name,
         "variant": variant,
-        "gradient_checkpointing": variant_settings(variant)[0],
-        "compile_pointwise": variant_settings(variant)[1],
-        "layer_memory_budget": variant_settings(variant)[2],
+        "gradient_checkpointing": checkpointing,
+        "compile_pointwise": compiled,
+        "layer_memory_budget": layer_budget,
         "draws": len(draws),
         "packing_ratio": _spread([r["packing_ratio"] for r in draws]),
         "tree_vs_padding_free": _spread([r["tree_vs_padding_free"] for r in draws]),

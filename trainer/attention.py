@@ -196,18 +196,25 @@ def padded_length(length: int) -> int:
     return -(-length // granule) * granule
 
 
+def raise_recompile_limit(limit: int = _FLEX_RECOMPILE_LIMIT) -> None:
+    """Let torch.compile keep at least ``limit`` graphs per compiled function (one per length bucket
+    and variant) instead of falling back to eager past its default of 8."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+
+
 def _flex_attention():
     """``flex_attention`` compiled once per process (shape buckets keep recompiles bounded)."""
     global _compiled_flex
     if _compiled_flex is None:
-        import torch._dynamo.config as dynamo_config
         from torch.nn.attention.flex_attention import flex_attention
 
         # Each length bucket is one more compiled graph of flex_attention and of create_block_mask;
         # the default limit (8) would silently fall back to the unfused, (L x L)-materialising path.
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dynamo_config, name):
-                setattr(dynamo_config, name, max(getattr(dynamo_config, name), _FLEX_RECOMPILE_LIMIT))
+        raise_recompile_limit()
         # GRPO_FLEX_COMPILE_MODE=max-autotune-no-cudagraphs searches kernel tilings (minutes per bucket).
         mode = os.environ.get("GRPO_FLEX_COMPILE_MODE") or None
         _compiled_flex = torch.compile(flex_attention, dynamic=False, mode=mode)

@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from trainer.attention import TreeMask
+from trainer.attention import TreeMask, raise_recompile_limit
+from trainer.modeling import compile_pointwise_modules, is_mixture_of_experts
 
-# Each length bucket compiles each region once (a few dozen at most); the default limit (8) would
-# silently fall back to running the layer eagerly.
-_RECOMPILE_LIMIT = 128
 _LAYER_SUFFIX = "DecoderLayer"
-_POINTWISE_SUFFIXES = ("RMSNorm", "MLP")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -47,7 +44,7 @@ def layer_compile_refusal(model: torch.nn.Module) -> str | None:
     layer_types = set(getattr(config, "layer_types", None) or [])
     if "linear_attention" in layer_types:
         return "linear-attention layers run custom kernels the compiler does not trace"
-    if any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+    if is_mixture_of_experts(config):
         return "mixture-of-experts layers route tokens by data-dependent shapes (not measured whole)"
     return None
 
@@ -101,22 +98,16 @@ def compile_decoder_layers(model: torch.nn.Module, *, memory_budget: float) -> i
     refusal = layer_compile_refusal(model)
     if refusal:
         raise ValueError(f"cannot compile the decoder layers whole: {refusal}")
-    import torch._dynamo.config as dynamo_config
     import torch._functorch.config as functorch_config
 
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))
+    raise_recompile_limit()
     # Process-wide: every region compiled from here on (the layers, and FlexAttention's own graph,
     # which the regions contain) partitions under it.
     functorch_config.activation_memory_budget = memory_budget
     layers = decoder_layers(model)
-    inside = {id(m) for layer in layers for m in layer.modules()}
     for layer in layers:
         layer.compile(dynamic=True)
-    for module in model.modules():  # the final norm (and any block outside the layers)
-        if id(module) not in inside and type(module).__name__.endswith(_POINTWISE_SUFFIXES):
-            module.compile(dynamic=True)
+    compile_pointwise_modules(model, outside=layers)  # the final norm (and any block outside them)
     windows = attention_windows(model)
     model.register_forward_pre_hook(
         lambda module, args, kwargs: _build_block_masks(kwargs, windows), with_kwargs=True

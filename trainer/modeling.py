@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -160,12 +160,16 @@ def is_text_parameter(name: str) -> bool:
     return "language_model" in name or name.startswith("lm_head") or ".lm_head." in name
 
 
+def is_mixture_of_experts(config) -> bool:
+    """True for a (text) config with routed experts."""
+    return any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 def _apply_router_aux_loss_coef(model: PreTrainedModel, coef: float | None) -> None:
     config = getattr(model.config, "text_config", None) or model.config
-    is_moe = any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
     if coef is None:
         return
-    if not is_moe:
+    if not is_mixture_of_experts(config):
         raise ValueError(
             f"router_aux_loss_coef={coef} is set but {type(model).__name__} is not a Mixture-of-Experts model; "
             "remove router_aux_loss_coef"
@@ -277,17 +281,19 @@ def adapter_state_for_sync(model) -> tuple[dict[str, torch.Tensor], dict]:
 _POINTWISE_SUFFIXES = ("RMSNorm", "MLP")
 
 
-def compile_pointwise_modules(model: torch.nn.Module) -> int:
-    """``torch.compile`` every norm and MLP block of ``model`` (dynamic lengths); returns how many.
+def compile_pointwise_modules(model: torch.nn.Module, *, outside: Sequence[torch.nn.Module] = ()) -> int:
+    """``torch.compile`` every norm and MLP block of ``model`` (dynamic lengths) that is not inside
+    one of ``outside`` (modules compiled whole already); returns how many.
 
     At packed-row lengths (~16k tokens) their element-wise chains (fp32 upcast, mean of squares,
     rsqrt, scale; SiLU(gate) * up) are memory-bound passes; compiled, each chain is one or two
     kernels. Attention keeps its own compiled FlexAttention path, so nothing around the tree mask is
     traced. Repeated blocks share one graph (their parameters are graph inputs).
     """
+    inside = {id(m) for whole in outside for m in whole.modules()}
     count = 0
     for module in model.modules():
-        if type(module).__name__.endswith(_POINTWISE_SUFFIXES):
+        if id(module) not in inside and type(module).__name__.endswith(_POINTWISE_SUFFIXES):
             module.compile(dynamic=True)
             count += 1
     return count
