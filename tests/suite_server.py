@@ -7,6 +7,9 @@ serves it with :data:`SERVER_FLAGS` and stays in the foreground until SIGTERM, S
 its parent (``make``), then stops the server. A pytest session finds it through the environment:
 ``GRPO_TEST_VLLM_URL`` (its base URL) and ``GRPO_TEST_VLLM_LOG`` (its log), read by
 ``tests/conftest.py::vllm_server``, which otherwise starts a server of its own with the same flags.
+With ``--second-port PORT --second-log PATH`` it also serves a second one (``GRPO_TEST_VLLM2_URL`` /
+``_LOG``, ``tests/conftest.py::second_vllm_server``; ``SIGUSR2`` restarts it), which is not restarted
+when it exits: a test kills it on purpose.
 
 A server that stops serving (a trainer killed in the middle of a weight sync, a crash) would fail
 every later test that uses it, each after its own hang guard: the last CI of 2026-12-05 spent an
@@ -33,6 +36,10 @@ SERVER_FLAGS = ["--max-model-len", "1024", "--dtype", "float32", "--scheduling-p
 URL_ENV = "GRPO_TEST_VLLM_URL"
 LOG_ENV = "GRPO_TEST_VLLM_LOG"
 PID_ENV = "GRPO_TEST_VLLM_PID"
+# The second server (``--second-port``): the runs over two servers (tests/test_several_servers.py)
+# use it beside the first; started with the first, its start overlaps the fast layer too.
+SECOND_URL_ENV = "GRPO_TEST_VLLM2_URL"
+SECOND_LOG_ENV = "GRPO_TEST_VLLM2_LOG"
 # How long one probe (a one-token completion) may take before the server counts as not serving; a
 # hang guard: the tiny model answers in well under a second, 40 s covers a loaded 2-core machine.
 PROBE_TIMEOUT_S = 40.0
@@ -86,21 +93,24 @@ class RunningServer:
 
     base_url: str
     log_path: Path
-    pid: int | None = None  # the suite_server process (``SIGUSR1`` restarts its vLLM server)
+    pid: int | None = None  # the suite_server process (``restart_signal`` restarts this vLLM server)
+    restart_signal: int = signal.SIGUSR1  # SIGUSR2 for the second server
 
     @classmethod
-    def from_environment(cls) -> RunningServer | None:
-        """The suite's server named by ``GRPO_TEST_VLLM_URL`` / ``_LOG`` / ``_PID``, or None."""
-        url = os.environ.get(URL_ENV, "").rstrip("/")
+    def from_environment(cls, *, second: bool = False) -> RunningServer | None:
+        """The suite's server named by ``GRPO_TEST_VLLM_URL`` / ``_LOG`` / ``_PID`` (``second``: its
+        second server, ``GRPO_TEST_VLLM2_URL`` / ``_LOG``), or None."""
+        url = os.environ.get(SECOND_URL_ENV if second else URL_ENV, "").rstrip("/")
         pid = os.environ.get(PID_ENV, "")
-        log = Path(os.environ.get(LOG_ENV, "/dev/null"))
-        return cls(url, log, int(pid) if pid.isdigit() else None) if url else None
+        log = Path(os.environ.get(SECOND_LOG_ENV if second else LOG_ENV, "/dev/null"))
+        sig = signal.SIGUSR2 if second else signal.SIGUSR1
+        return cls(url, log, int(pid) if pid.isdigit() else None, sig) if url else None
 
     def restart(self, timeout_s: float = 420) -> None:
-        """Have the suite_server process replace its vLLM server, and wait until the new one is healthy."""
+        """Have the suite_server process replace this vLLM server, and wait until the new one is healthy."""
         if self.pid is None:
             raise RuntimeError(f"the suite's vLLM server {self.base_url} has no {PID_ENV}: cannot restart it")
-        os.kill(self.pid, signal.SIGUSR1)
+        os.kill(self.pid, self.restart_signal)
         deadline = time.monotonic() + 60
         while http_ok(self.base_url + "/health") and time.monotonic() < deadline:
             time.sleep(0.5)  # the old one going down
@@ -118,45 +128,67 @@ class RunningServer:
             time.sleep(1.0)
 
 
-def _serve(port: int, log_path: Path) -> int:
+@dataclass
+class _Served:
+    """One server this process keeps: restarted when asked (its signal), and when it exits on its own
+    if ``revive`` (the second is killed on purpose by a test: it comes back only when asked)."""
+
+    server: VLLMServer
+    revive: bool
+    asked: list
+    exits: int = 0
+
+
+def _serve(port: int, log_path: Path, second: tuple[int, Path] | None = None) -> int:
     from trainer.registry import cache_root
     from trainer.tiny import ensure_tiny
 
-    stop, restart = [], []
+    stop: list[bool] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.append(True))
-    signal.signal(signal.SIGUSR1, lambda *_: restart.append(True))
     parent = os.getppid()
-    server = VLLMServer(ensure_tiny(cache_root() / "tiny"), port, log_path, SERVER_FLAGS)
-    server.process.start()
-    exits = 0
+    model = ensure_tiny(cache_root() / "tiny")
+    served = [_Served(VLLMServer(model, port, log_path, SERVER_FLAGS), revive=True, asked=[])]
+    signal.signal(signal.SIGUSR1, lambda *_: served[0].asked.append(True))
+    if second is not None:
+        served.append(_Served(VLLMServer(model, second[0], second[1], SERVER_FLAGS), revive=False, asked=[]))
+        signal.signal(signal.SIGUSR2, lambda *_: served[1].asked.append(True))
+    for one in served:
+        one.server.process.start()
     try:
         while not stop and os.getppid() == parent:
-            code = server.process.poll()
-            if code is not None or restart:
-                why = "asked by a test: it stopped serving" if restart else f"it exited ({code})"
-                restart.clear()
-                exits += code is not None
-                if exits > MAX_RESTARTS:
+            for one in served:
+                code = one.server.process.poll()
+                if not (one.asked or (code is not None and one.revive)):
+                    continue
+                why = "asked by a test" if one.asked else f"it exited ({code})"
+                one.asked.clear()
+                one.exits += code is not None and one.revive
+                log = one.server.log_path
+                if one.exits > MAX_RESTARTS:
                     print(
-                        f"suite_server: the vLLM server exited {exits} times; see {log_path}", file=sys.stderr
+                        f"suite_server: the vLLM server exited {one.exits} times; see {log}", file=sys.stderr
                     )
                     return 1
-                print(f"suite_server: restarting the vLLM server ({why}); see {log_path}", file=sys.stderr)
-                server.stop()
-                server.process.start()
+                print(f"suite_server: restarting the vLLM server ({why}); see {log}", file=sys.stderr)
+                one.server.stop()
+                one.server.process.start()
             time.sleep(0.5)
         return 0
     finally:
-        server.stop()
+        for one in served:
+            one.server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", type=Path, required=True, help="the server's output")
+    parser.add_argument("--second-port", type=int, help="also serve a second server on this port")
+    parser.add_argument("--second-log", type=Path, help="the second server's output")
     args = parser.parse_args(argv)
-    return _serve(args.port, args.log)
+    second = (args.second_port, args.second_log) if args.second_port else None
+    return _serve(args.port, args.log, second)
 
 
 if __name__ == "__main__":

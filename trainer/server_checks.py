@@ -10,6 +10,26 @@ import httpx
 logger = logging.getLogger(__name__)
 
 
+def server_urls(value: str | None) -> list[str]:
+    """The servers ``vllm_server_base_url`` names: one URL, or several separated by commas (one run's
+    rollouts spread over them, weights synced to each), trailing slashes dropped, order kept."""
+    return [url.strip().rstrip("/") for url in (value or "").split(",") if url.strip()]
+
+
+def served_model_of_all(urls: list[str], wanted: str) -> tuple[str, int]:
+    """The served model id every server of ``urls`` serves as ``wanted`` picks it, and the smallest
+    ``max_model_len`` among them; ``RuntimeError`` naming the URL of a server that serves another."""
+    picks = [(url, *pick_served_model(served_models(url), wanted)) for url in urls]
+    name = picks[0][1]
+    for url, other, _ in picks[1:]:
+        if other != name:
+            raise RuntimeError(
+                f"vLLM server {url} serves {other!r} and {picks[0][0]} serves {name!r}: every server of "
+                "vllm_server_base_url must serve the same model"
+            )
+    return name, min(length for _, _, length in picks)
+
+
 def wait_for_server(base_url: str, timeout_s: float) -> None:
     """Poll ``/health`` until it answers 200; ``TimeoutError`` naming the URL after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

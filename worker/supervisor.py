@@ -40,6 +40,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -156,6 +157,10 @@ class RunSupervisor:
         self.port = run.vllm_port
         self.placement: dict = copy.deepcopy(run.placement or {})
         self.server_name: str | None = self.placement.get("server")
+        # Every named server (resources.vllm.servers; one with resources.server); none: the run's own.
+        self.server_names: list[str] = list(
+            self.placement.get("servers") or ([self.server_name] if self.server_name else [])
+        )
         self._ranks_recorded = False
         self.vllm: ManagedProcess | None = None
         self.trainer: ManagedProcess | None = None
@@ -279,16 +284,38 @@ class RunSupervisor:
         return path
 
     @property
-    def base_url(self) -> str:
-        if self.server_name is not None:
-            url = settings.GRPO_VLLM_SERVERS.get(self.server_name)
+    def server_urls(self) -> list[str]:
+        """The URL of each server the run generates with: its named servers', or its own server's."""
+        if not self.server_names:
+            return [f"http://127.0.0.1:{self.port}"]
+        urls = []
+        for name in self.server_names:
+            url = settings.GRPO_VLLM_SERVERS.get(name)
             if url is None:
                 raise AttemptEnded(
                     RunStatus.FAILED,
-                    f"resources.server: {self.server_name!r} is not in this worker's GRPO_VLLM_SERVERS",
+                    f"resources.server: {name!r} is not in this worker's GRPO_VLLM_SERVERS",
                 )
-            return url
-        return f"http://127.0.0.1:{self.port}"
+            urls.append(url.rstrip("/"))
+        return urls
+
+    @property
+    def base_url(self) -> str:
+        """``args.vllm_server_base_url`` of the launched document (several servers: comma-separated)."""
+        return ",".join(self.server_urls)
+
+    def _with_server_names(self, sentence: str) -> str:
+        """``sentence`` with each named server's URL followed by its name (the operator's word for it)."""
+        for name in self.server_names:
+            url = (settings.GRPO_VLLM_SERVERS.get(name) or "").rstrip("/")
+            if url:  # after the whole address (a route may follow the URL: .../pause?mode=keep)
+                sentence = re.sub(
+                    re.escape(url) + r"(?![\w.:])[^\s,;]*",
+                    lambda m, name=name: f"{m.group(0)} (vLLM server {name!r})",
+                    sentence,
+                    count=1,
+                )
+        return sentence
 
     def _size_context(self, model_dir: str, dataset: Any, config: dict, eval_dataset: Any = None) -> None:
         """The run's own server's ``max_model_len`` into the placement: the document's, else the
@@ -381,21 +408,24 @@ class RunSupervisor:
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + settings.GRPO_VLLM_START_TIMEOUT_S
         started = time.monotonic()
-        while not http_ok(self.base_url + "/health"):
-            self._check()
-            if time.monotonic() > deadline:
-                which = f"vLLM server {self.server_name!r}" if self.server_name else "vLLM server"
-                # One sentence; the server's log lines go to the events when its process is ended.
-                raise AttemptEnded(
-                    RunStatus.FAILED,
-                    f"{which} not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s at {self.base_url}; "
-                    "raise GRPO_VLLM_START_TIMEOUT_S if it was still loading (its log is in the run's events)",
-                )
-            time.sleep(POLL_S)
+        names = self.server_names or [None]
+        for name, url in zip(names, self.server_urls, strict=True):
+            while not http_ok(url + "/health"):
+                self._check()
+                if time.monotonic() > deadline:
+                    which = f"vLLM server {name!r}" if name else "vLLM server"
+                    # One sentence; the server's log lines go to the events when its process is ended.
+                    raise AttemptEnded(
+                        RunStatus.FAILED,
+                        f"{which} not healthy after {settings.GRPO_VLLM_START_TIMEOUT_S:.0f} s at {url}; "
+                        "raise GRPO_VLLM_START_TIMEOUT_S if it was still loading (its log is in the run's events)",
+                    )
+                time.sleep(POLL_S)
         services.run_event_create(
             run_id=self.run_id,
             kind=RunEventKind.INFO,
-            message=f"vLLM server healthy after {time.monotonic() - started:.0f} s at {self.base_url}",
+            message=f"vLLM server{'s' if len(names) > 1 else ''} healthy after {time.monotonic() - started:.0f} s "
+            f"at {', '.join(self.server_urls)}",
         )
 
     def _start_trainer(self, config_path: Path, checkpoint: Path | None) -> None:
@@ -442,8 +472,12 @@ class RunSupervisor:
                     )
                 raise AttemptEnded(
                     RunStatus.FAILED,
-                    log_records.failure_sentence(
-                        process="trainer", status=_describe(code), log_text=self.trainer.log_tail(TAIL_LINES)
+                    self._with_server_names(
+                        log_records.failure_sentence(
+                            process="trainer",
+                            status=_describe(code),
+                            log_text=self.trainer.log_tail(TAIL_LINES),
+                        )
                     ),
                 )
             now = time.monotonic()

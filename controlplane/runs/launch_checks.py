@@ -142,8 +142,9 @@ def _launch_errors(document: dict) -> dict[str, str]:
         limit, server_errors = _own_server_limit(model=model, model_dir=model_dir, resources=resources)
         where = _OWN
     else:
-        limit, server_errors = _named_server_limit(name=resources.server, model=model, model_dir=model_dir)
-        where = f"the vLLM server {resources.server!r}"
+        limit, server_errors, where = _named_servers_limit(
+            resources=resources, model=model, model_dir=model_dir
+        )
     errors.update(server_errors)
     for source_field, source_prompts in judged.items() if limit is not None else ():
         for field, message in _length_errors(
@@ -595,8 +596,27 @@ def _length_errors(
     return {"args.max_completion_length": message}
 
 
+def _named_servers_limit(
+    *, resources: Resources, model: str, model_dir: str | None
+) -> tuple[ContextLimit | None, dict[str, str], str]:
+    """The smallest context of the run's named servers (the trainer's token budget and lengths obey
+    the smallest), whether each serves the run's model, and which server the limit is."""
+    limit: ContextLimit | None = None
+    errors: dict[str, str] = {}
+    where = f"the vLLM server {resources.server!r}"
+    for name in resources.servers:
+        own, own_errors = _named_server_limit(
+            name=name, model=model, model_dir=model_dir, field=resources.servers_field
+        )
+        for field, message in own_errors.items():
+            errors.setdefault(field, message)
+        if own is not None and (limit is None or own.tokens < limit.tokens):
+            limit, where = own, f"the vLLM server {name!r}"
+    return limit, errors, where
+
+
 def _named_server_limit(
-    *, name: str, model: str, model_dir: str | None
+    *, name: str, model: str, model_dir: str | None, field: str = "resources.server"
 ) -> tuple[ContextLimit | None, dict[str, str]]:
     """A named server's context from its ``/v1/models`` and whether it serves the run's model."""
     served = _served_models(settings.GRPO_VLLM_SERVERS[name])
@@ -605,7 +625,7 @@ def _named_server_limit(
         # queued (the run waits for it; the worker's health check reports it if it never comes).
         return None, {}
     entry, problem = _served_entry(served=served, model=model, model_dir=model_dir)
-    errors = {"resources.server": f"vLLM server {name!r} {problem}"} if problem else {}
+    errors = {field: f"vLLM server {name!r} {problem}"} if problem else {}
     if entry is None or not isinstance(entry.get("max_model_len"), int):
         return None, errors
     return ContextLimit(int(entry["max_model_len"]), f"the vLLM server {name!r} (its /v1/models)"), errors
@@ -704,9 +724,26 @@ def _lora_errors(*, document: dict, resources: Resources, args: dict) -> dict[st
     peft = document.get("peft_config")
     if not isinstance(peft, dict) or peft.get("bias", "none") != "none" or peft.get("modules_to_save"):
         return {}
-    serving = _named_lora(resources.server) if resources.server is not None else _own_lora()
-    if serving is None:
-        return {}
+    if resources.servers:
+        # Adapter-only sync needs every server to serve LoRA; otherwise the adapter is merged.
+        servings = [_named_lora(name) for name in resources.servers]
+        if any(serving is None for serving in servings):
+            return {}
+    else:
+        servings = [_own_lora()]
+        if servings[0] is None:
+            return {}
+    errors: dict[str, str] = {}
+    for serving in servings:
+        for field, message in _lora_serving_errors(
+            serving, peft=peft, args=args, field=resources.servers_field
+        ).items():
+            errors.setdefault(field, message)
+    return errors
+
+
+def _lora_serving_errors(serving: _LoraServing, *, peft: dict, args: dict, field: str) -> dict[str, str]:
+    """What one LoRA server lacks for the run's adapter (rank, slots, runtime loading)."""
     from trainer.rollout.flow import StalenessPolicy
 
     errors: dict[str, str] = {}
@@ -725,7 +762,7 @@ def _lora_errors(*, document: dict, resources: Resources, args: dict) -> dict[st
         )
     if not serving.runtime_updating:
         errors.setdefault(
-            "resources.server",
+            field,
             f"{serving.where} serves LoRA without VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, so adapters cannot be "
             "loaded while it runs; restart it with that variable set",
         )

@@ -73,6 +73,7 @@ def placement_plan(
         "worker": worker,
         "gpus": vllm_gpus + trainer_gpus,
         "server": resources.server,
+        "servers": list(resources.servers),
         "vllm": None
         if resources.server is not None
         else {

@@ -235,10 +235,12 @@ def _resources_errors(resources: Resources) -> dict[str, str]:
     from controlplane.runs import worker_hosts
 
     errors: dict[str, str] = {}
-    if resources.server is not None and resources.server not in settings.GRPO_VLLM_SERVERS:
+    unknown = [name for name in resources.servers if name not in settings.GRPO_VLLM_SERVERS]
+    if unknown:
         known = ", ".join(sorted(settings.GRPO_VLLM_SERVERS)) or "none (the operator sets GRPO_VLLM_SERVERS)"
-        errors["resources.server"] = (
-            f"{resources.server!r} is not a registered vLLM server; registered: {known}"
+        errors[resources.servers_field] = (
+            f"{', '.join(map(repr, unknown))} {'is not a' if len(unknown) == 1 else 'are not'} registered "
+            f"vLLM server{'s' if len(unknown) > 1 else ''}; registered: {known}"
         )
     pool = resources.pool or settings.GRPO_RUNS_QUEUE
     if resources.pool is not None and resources.pool not in settings.GRPO_RUN_POOLS:
@@ -499,7 +501,8 @@ def _args_errors(args: dict) -> dict[str, str]:
             errors[f"args.{key}"] = "is set by the control plane for each run; remove it"
     if "vllm_server_base_url" in args:
         errors["args.vllm_server_base_url"] += (
-            " (to use a running server, name one the operator registered: resources.server)"
+            " (to use a running server, name one the operator registered: resources.server; several: "
+            "resources.vllm.servers)"
         )
     for key in RESUME_ARGS:
         if key in args:

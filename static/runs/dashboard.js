@@ -232,7 +232,8 @@
     }
     box.hidden = false;
     box.append(el("div", { text: `host ${p.host} · worker ${p.worker}` }));
-    if (p.server) box.append(el("div", { text: `vLLM: named server ${p.server}` }));
+    if ((p.servers || []).length > 1) box.append(el("div", { text: `vLLM: named servers ${p.servers.join(", ")}` }));
+    else if (p.server) box.append(el("div", { text: `vLLM: named server ${p.server}` }));
     else if (p.vllm) {
       const env = p.vllm.env ? Object.entries(p.vllm.env).map(([k, v]) => `${k}=${v}`).join(" ") : "";
       box.append(el("div", { "data-part": "vllm", text: `vLLM: ${gpuText(p.vllm.gpus)} (TP ${p.vllm.tensor_parallel_size} × DP ${p.vllm.data_parallel_size}), port ${run.vllm_port ?? "–"}${env ? ` · ${env}` : ""}` }));

@@ -86,8 +86,10 @@ from trainer.rollout.scoring import (
     score_group,
     standardize,
 )
+from trainer.rollout.server_pool import VLLMServerPool
 from trainer.rollout.types import GroupResult, Rollout, RolloutGroup, TrainingSequence, TurnRecord
 from trainer.rollout.vllm_client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
+from trainer.server_checks import server_urls
 
 __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 
@@ -202,7 +204,8 @@ class AsyncRolloutLoop:
         self.pins = AdapterPins(channels.model_version_value, channels.oldest_pinned_version)
         self.window = MetricWindow()
         self.server: ServerSettings | None = None
-        self.client: VLLMClient | None = None
+        # Several servers in vllm_server_base_url: a pool with the client's interface (server_pool.py).
+        self.client: VLLMClient | VLLMServerPool | None = None
         self.executor: ThreadPoolExecutor | None = None
         # getattr: the constructor reads no config field, so a loop built for one hook needs none
         self.renderer = ConversationRenderer(
@@ -346,13 +349,17 @@ class AsyncRolloutLoop:
         self.executor = ThreadPoolExecutor(
             max_workers=config.max_concurrent_rollouts, thread_name_prefix="rollout"
         )
-        self.client = VLLMClient(
-            config.vllm_server_base_url,
-            self.model_name,
-            timeout=config.vllm_server_timeout,
-            on_retry=lambda: self.window.add(ROLLOUT_VLLM_RETRY_COUNT, 1),
-            max_connections=config.max_concurrent_rollouts,
-        )
+        clients = [
+            VLLMClient(
+                url,
+                self.model_name,
+                timeout=config.vllm_server_timeout,
+                on_retry=lambda: self.window.add(ROLLOUT_VLLM_RETRY_COUNT, 1),
+                max_connections=config.max_concurrent_rollouts,
+            )
+            for url in server_urls(config.vllm_server_base_url)
+        ]
+        self.client = clients[0] if len(clients) == 1 else VLLMServerPool(clients)
         self._spawn(self._heartbeat())
         self._spawn(self._flush_metrics_forever())
         setup_done = False
@@ -510,6 +517,8 @@ class AsyncRolloutLoop:
                     ROLLOUT_VLLM_PREEMPTION_COUNT, max(0.0, load.preemptions_total - self._last_preemptions)
                 )
             self._last_preemptions = load.preemptions_total
+        if isinstance(self.client, VLLMServerPool):
+            self.client.record_metrics(self.window)
         await self.admission.observe(load)
 
     # ==== dataset ================================================================================

@@ -92,10 +92,11 @@ from trainer.rollout_state import (
     read_rollout_state,
     write_rollout_state,
 )
-from trainer.server_checks import pick_served_model, served_models, wait_for_server
+from trainer.server_checks import served_model_of_all, server_urls, wait_for_server
 from trainer.sinks import JsonlSink, Sink
 from trainer.trainer.evaluation import EvalBook
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
+from trainer.weight_sync.fanout import WeightSyncFanout, weight_sync_client
 from trainer.weight_sync.lora import (
     LORA_DIR_NAME,
     LoraPublisher,
@@ -209,7 +210,7 @@ class AsyncGRPOTrainer(Trainer):
         # The step at whose end an interrupt request was honoured (trainer/interrupt.py), else None.
         self.interrupted_at: int | None = None
         self._handle: RolloutWorkerHandle | None = None
-        self._sync_client: WeightSyncClient | None = None
+        self._sync_client: WeightSyncClient | WeightSyncFanout | None = None
         self._lora: LoraPublisher | None = None  # main process, adapter-only sync
         self._sync_adapter_only = False  # every process
         self._feed: RolloutFeed | None = None
@@ -355,19 +356,19 @@ class AsyncGRPOTrainer(Trainer):
         token_budget = served_name = None
         write_rank_layout(args.output_dir, self.accelerator.device, main_process=self.is_world_process_zero())
         if self.is_world_process_zero():
-            wait_for_server(args.vllm_server_base_url, args.vllm_server_timeout)
-            served_name, max_model_len = pick_served_model(
-                served_models(args.vllm_server_base_url), self.model_name
-            )
+            # One server, or several (comma-separated): rollouts spread over them, weights synced to each.
+            urls = server_urls(args.vllm_server_base_url)
+            for url in urls:
+                wait_for_server(url, args.vllm_server_timeout)
+            served_name, max_model_len = served_model_of_all(urls, self.model_name)
             token_budget = args.token_budget or max_model_len
-            info = server_info(args.vllm_server_base_url, timeout=min(60.0, args.vllm_server_timeout))
-            warning = check_dtype(_training_dtype(self.model, args), info)
-            if warning:
-                logger.warning(warning)
-            self._lora = self._lora_publisher(info)
-            self._sync_client = WeightSyncClient(
-                args.vllm_server_base_url, timeout=min(args.vllm_server_timeout, 600)
-            )
+            infos = {url: server_info(url, timeout=min(60.0, args.vllm_server_timeout)) for url in urls}
+            for url, info in infos.items():
+                warning = check_dtype(_training_dtype(self.model, args), info)
+                if warning:
+                    logger.warning("%s: %s", url, warning)
+            self._lora = self._lora_publisher(infos)
+            self._sync_client = weight_sync_client(urls, timeout=min(args.vllm_server_timeout, 600))
             self._sync_client.init()
         self._sync_adapter_only = main_process_value(self._lora is not None)
         # The server may serve other weights (a resumed run's base model, an earlier run's policy):
@@ -411,28 +412,32 @@ class AsyncGRPOTrainer(Trainer):
             self._start_position,
         )
 
-    def _lora_publisher(self, info: dict) -> LoraPublisher | None:
-        """Adapter-only sync when the policy has a LoRA adapter and the server serves LoRA.
+    def _lora_publisher(self, infos: dict[str, dict]) -> LoraPublisher | None:
+        """Adapter-only sync when the policy has a LoRA adapter and every server serves LoRA
+        (``infos``: each server's ``/server_info`` by URL).
 
         Otherwise (and for adapters vLLM cannot serve as they are) the adapter is merged into the
         full weights at each sync. A LoRA server too small for the staleness window is an error that
         names the flags to restart it with.
         """
         config = peft_adapter_config(self.accelerator.unwrap_model(self.model))
-        lora = server_lora(info)
-        if config is None or lora is None:
+        loras = {url: server_lora(info) for url, info in infos.items()}
+        without = [url for url, lora in loras.items() if lora is None]
+        if config is None or without:
             if config is not None:
-                logger.info("server has no --enable-lora: the adapter is merged and full weights synced")
+                logger.info(
+                    "%s: no --enable-lora: the adapter is merged and full weights synced", ", ".join(without)
+                )
             return None
         blocker = adapter_sync_blocker(config)
         if blocker is not None:
             logger.warning("adapter-only sync impossible, merging the adapter instead: %s", blocker)
             return None
-        base_url = self.args.vllm_server_base_url
         staleness = StalenessPolicy.from_config(self.args)
-        check_server_lora(lora, rank=adapter_rank(config), staleness=staleness, base_url=base_url)
+        for url, lora in loras.items():
+            check_server_lora(lora, rank=adapter_rank(config), staleness=staleness, base_url=url)
         return LoraPublisher(
-            base_url,
+            list(loras),
             Path(self.args.output_dir) / LORA_DIR_NAME,
             lora_name=f"grpo-{secrets.token_hex(4)}",  # unique per run: names never clash on a shared server
             staleness=staleness,

@@ -27,6 +27,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,10 +134,12 @@ def check_server_lora(lora: ServerLora, *, rank: int, staleness: StalenessPolicy
 
 
 class LoraPublisher:
-    """Writes, loads and retires adapter versions on one vLLM server.
+    """Writes, loads and retires adapter versions on a run's vLLM servers (each version written once,
+    loaded on every server).
 
     Args:
-        base_url: the server, e.g. ``http://127.0.0.1:8000``.
+        base_url: the server, e.g. ``http://127.0.0.1:8000``, or several (a sequence): a version is
+            loaded on each, one thread per server, and the round waits for all.
         directory: ``<output_dir>/.vllm_lora`` (created; readable by the server).
         lora_name: the prefix of every served adapter name (unique per training run).
         staleness: the ``max_staleness`` rule; versions in ``staleness.lora_window(current)`` stay loaded.
@@ -144,14 +148,15 @@ class LoraPublisher:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         directory: str | os.PathLike,
         lora_name: str,
         *,
         staleness: StalenessPolicy,
         timeout: float,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.base_urls = [url.rstrip("/") for url in urls]
         self.directory = Path(directory).resolve()
         self.lora_name = lora_name
         self.staleness = staleness
@@ -159,16 +164,24 @@ class LoraPublisher:
         self.loaded: list[int] = []  # versions registered on the server, oldest first
         self.on_disk: list[int] = []  # versions whose directory still exists, oldest first
         self._http = vllm_http_client(self.timeout)
+        self._pool = ThreadPoolExecutor(max_workers=len(self.base_urls), thread_name_prefix="lora-publish")
 
     def path_of(self, version: int) -> Path:
         return self.directory / lora_adapter_name(self.lora_name, version)
 
-    def _post(self, path: str, body: dict) -> httpx.Response:
-        url = f"{self.base_url}{path}"
+    def _post(self, base_url: str, path: str, body: dict) -> httpx.Response:
+        url = f"{base_url}{path}"
         try:
             return self._http.post(url, json=body)
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _on_every_server(self, call: Callable[[str], None]) -> None:
+        """``call(base_url)`` for every server at once; the first failure re-raised after all ended."""
+        futures = [self._pool.submit(call, url) for url in self.base_urls]
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
 
     def publish(
         self, version: int, tensors: dict[str, torch.Tensor], adapter_config: dict
@@ -195,12 +208,18 @@ class LoraPublisher:
         self.on_disk.append(version)
         written = time.perf_counter()
         name = lora_adapter_name(self.lora_name, version)
-        response = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(final)})
-        if response.status_code >= 400:
-            raise WeightSyncError(
-                f"POST {self.base_url}/v1/load_lora_adapter ({name}, {final}) returned "
-                f"{response.status_code}: {response.text[:500]}"
+
+        def load(base_url: str) -> None:
+            response = self._post(
+                base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(final)}
             )
+            if response.status_code >= 400:
+                raise WeightSyncError(
+                    f"POST {base_url}/v1/load_lora_adapter ({name}, {final}) returned "
+                    f"{response.status_code}: {response.text[:500]}"
+                )
+
+        self._on_every_server(load)
         self.loaded.append(version)
         done = time.perf_counter()
         return {PERF_WEIGHT_SYNC_S: done - started, PERF_WEIGHT_SYNC_TRANSFER_S: done - written}
@@ -219,13 +238,17 @@ class LoraPublisher:
 
     def _unload(self, version: int) -> None:
         name = lora_adapter_name(self.lora_name, version)
-        response = self._post("/v1/unload_lora_adapter", {"lora_name": name})
-        # 404: already gone (a restarted server); anything else leaves a slot taken on the server.
-        if response.status_code >= 400 and response.status_code != 404:
-            raise WeightSyncError(
-                f"POST {self.base_url}/v1/unload_lora_adapter ({name}) returned "
-                f"{response.status_code}: {response.text[:500]}"
-            )
+
+        def unload(base_url: str) -> None:
+            response = self._post(base_url, "/v1/unload_lora_adapter", {"lora_name": name})
+            # 404: already gone (a restarted server); anything else leaves a slot taken on the server.
+            if response.status_code >= 400 and response.status_code != 404:
+                raise WeightSyncError(
+                    f"POST {base_url}/v1/unload_lora_adapter ({name}) returned "
+                    f"{response.status_code}: {response.text[:500]}"
+                )
+
+        self._on_every_server(unload)
         self.loaded.remove(version)
 
     def close(self) -> None:
@@ -239,6 +262,7 @@ class LoraPublisher:
         with contextlib.suppress(OSError):
             self.directory.rmdir()  # only when empty: other runs may share the output_dir
         self._http.close()
+        self._pool.shutdown(wait=False)
 
 
 def _json_default(value):

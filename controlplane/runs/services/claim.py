@@ -13,6 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.access.services import token_issue  # noqa: F401  (the runs API's callers issue tokens here)
@@ -113,23 +114,26 @@ def _placement_for(
     from controlplane.runs import worker_hosts
 
     resources = parse_resources(run.config.get("resources"))
-    if resources.server is not None:
-        if resources.server not in settings.GRPO_VLLM_SERVERS:
-            _fail_unclaimed(
-                run_id=run.pk,
-                reason=f"resources.server: {resources.server!r} is not registered on worker {worker_name} "
-                f"(GRPO_VLLM_SERVERS has {', '.join(sorted(settings.GRPO_VLLM_SERVERS)) or 'none'})",
-            )
-            return None
-        _advisory_lock(f"grpo-server:{resources.server}")
+    unknown = [name for name in resources.servers if name not in settings.GRPO_VLLM_SERVERS]
+    if unknown:
+        _fail_unclaimed(
+            run_id=run.pk,
+            reason=f"{resources.servers_field}: {', '.join(map(repr, unknown))} not registered on worker {worker_name} "
+            f"(GRPO_VLLM_SERVERS has {', '.join(sorted(settings.GRPO_VLLM_SERVERS)) or 'none'})",
+        )
+        return None
+    for name in sorted(resources.servers):  # one order for every claim: no two wait on each other
+        _advisory_lock(f"grpo-server:{name}")
+    for name in resources.servers:
         holder = (
-            Run.objects.filter(status__in=ACTIVE_STATUSES, placement__server=resources.server)
+            Run.objects.filter(status__in=ACTIVE_STATUSES)
+            .filter(Q(placement__server=name) | Q(placement__servers__contains=[name]))
             .exclude(pk=run.pk)
             .values_list("pk", flat=True)
             .first()
         )
         if holder is not None:
-            return Waiting(f"waiting for vLLM server {resources.server!r}: run {holder} is using it")
+            return Waiting(f"waiting for vLLM server {name!r}: run {holder} is using it")
     _advisory_lock(f"grpo-host:{worker_host}")
     busy: set[str] = set()
     for held in Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
@@ -176,7 +180,9 @@ def placement_text(placement: dict) -> str:
     """One line for people: ``host-a (worker gpu@host-a): vLLM on GPUs 0 (TP 1 × DP 1), trainer on GPUs 1,2 (2 processes)``."""
     where = f"{placement.get('host')} (worker {placement.get('worker')})"
     vllm = placement.get("vllm")
-    if placement.get("server"):
+    if len(placement.get("servers") or []) > 1:
+        served = "vLLM servers " + ", ".join(repr(name) for name in placement["servers"])
+    elif placement.get("server"):
         served = f"vLLM server {placement['server']!r}"
     elif vllm and vllm.get("gpus"):
         served = (
