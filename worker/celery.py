@@ -37,7 +37,6 @@ def _announce(sender=None, **_: object) -> None:
 def _resume_interrupted(queues: list[str]) -> None:
     """Resume the runs a shutdown of this host's worker interrupted (``GRPO_RESUME_INTERRUPTED``)."""
     import logging
-    import socket
 
     from django.conf import settings
 
@@ -45,7 +44,7 @@ def _resume_interrupted(queues: list[str]) -> None:
 
     if not settings.GRPO_RESUME_INTERRUPTED:
         return
-    resumed = runs_resume_interrupted(worker_host=socket.gethostname(), queues=queues)
+    resumed = runs_resume_interrupted(worker_host=settings.GRPO_WORKER_HOST, queues=queues)
     if resumed:
         logging.getLogger(__name__).info("resumed interrupted runs %s", resumed)
 

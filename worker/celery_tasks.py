@@ -43,6 +43,24 @@ def run_supervise(self, run_id: int) -> str:
         raise self.retry(countdown=settings.GRPO_PLACEMENT_RETRY_S, exc=wait) from None
 
 
+@app.task(
+    name="worker.run_node",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=False,  # a lost host's part is not run again: the attempt fails, naming it
+    time_limit=None,
+    soft_time_limit=None,
+)
+def run_node(self, run_id: int, attempt: int, index: int) -> str:
+    """A further host's part of a trainer across hosts, until the attempt ends (sent by the run's first
+    host to this worker's own queue: :mod:`controlplane.runs.services.nodes`)."""
+    from worker.node_supervisor import supervise_node
+
+    return supervise_node(
+        run_id=run_id, attempt=attempt, index=index, worker_name=self.request.hostname or ""
+    )
+
+
 @app.task(name="worker.runs_check_stale")
 def runs_check_stale() -> list[int]:
     """Fail live runs whose supervisor stopped sending heartbeats (Celery beat, every minute)."""

@@ -11,7 +11,6 @@ import functools
 import logging
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Sequence
 
@@ -60,12 +59,14 @@ def worker_gpus() -> tuple[str, ...]:
 
 def worker_announce(*, name: str, queues: Sequence[str]) -> None:
     """Register this worker (its pools, GPUs and CPUs) with the control plane; never raises."""
+    from django.conf import settings
+
     from controlplane.runs.worker_hosts import worker_host_register
 
     try:
         gpus = worker_gpus()
         worker_host_register(
-            name=name, host=socket.gethostname(), queues=queues, gpus=gpus, cpus=os.cpu_count() or 1
+            name=name, host=settings.GRPO_WORKER_HOST, queues=queues, gpus=gpus, cpus=os.cpu_count() or 1
         )
         logger.info("worker %s: pools %s, GPUs %s", name, ",".join(queues), ",".join(gpus) or "none")
     except Exception:

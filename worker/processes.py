@@ -139,6 +139,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_in(low: int, high: int) -> int | None:
+    """The first port of ``low..high`` free on every interface of this host right now, or None."""
+    for port in range(low, high + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    return None
+
+
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     """Whether a GET of ``url`` answers 200 within ``timeout`` seconds."""
     try:

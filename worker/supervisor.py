@@ -43,7 +43,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import sys
 import threading
 import time
@@ -63,8 +62,8 @@ from controlplane.runs.services import ingest
 from controlplane.runs.validation import local_sources_errors
 from trainer.interrupt import EXIT_INTERRUPTED, interrupt_clear, interrupt_request, marker_read
 from worker import log_records
-from worker.launch import devices_env, trainer_command, vllm_placement_flags
-from worker.processes import ManagedProcess, group_members, http_ok
+from worker.launch import Rendezvous, devices_env, trainer_command, vllm_placement_flags
+from worker.processes import ManagedProcess, free_port_in, group_members, http_ok
 from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
 logger = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ def supervise_run(*, run_id: int, task_id: str, worker_name: str = "") -> str:
     run = services.run_claim(
         run_id=run_id,
         task_id=task_id,
-        worker_host=socket.gethostname(),
+        worker_host=settings.GRPO_WORKER_HOST,
         worker_name=worker_name,
         gpus=worker_gpus(),
     )
@@ -161,6 +160,8 @@ class RunSupervisor:
         self.server_names: list[str] = list(
             self.placement.get("servers") or ([self.server_name] if self.server_name else [])
         )
+        # A trainer across hosts: the further hosts' shares (worker/node_supervisor.py runs each).
+        self.nodes: list[dict] = list(self.placement.get("nodes") or [])
         self._ranks_recorded = False
         self.vllm: ManagedProcess | None = None
         self.trainer: ManagedProcess | None = None
@@ -233,7 +234,8 @@ class RunSupervisor:
         # block for this attempt's re-done steps.
         self.tailer.drain(attempt=max(1, self.run_obj.attempt - 1))
         self.tailer.new_attempt()
-        self._start_trainer(config_path, checkpoint)
+        rendezvous = self._ask_nodes(checkpoint) if self.nodes else None
+        self._start_trainer(config_path, checkpoint, rendezvous)
         resumed_from = None
         if checkpoint is not None:
             step = int(checkpoint.name.rsplit("-", 1)[1])
@@ -287,7 +289,9 @@ class RunSupervisor:
     def server_urls(self) -> list[str]:
         """The URL of each server the run generates with: its named servers', or its own server's."""
         if not self.server_names:
-            return [f"http://127.0.0.1:{self.port}"]
+            # trainer ranks on other hosts (rank 0 may be any host's) reach it at this host's address
+            host = settings.GRPO_WORKER_ADDRESS if self.nodes else "127.0.0.1"
+            return [f"http://{host}:{self.port}"]
         urls = []
         for name in self.server_names:
             url = settings.GRPO_VLLM_SERVERS.get(name)
@@ -350,6 +354,8 @@ class RunSupervisor:
     def _start_vllm(self, model_dir: str, config: dict) -> None:
         place = self.placement.get("vllm") or {}
         argv = [sys.executable, "-m", "trainer", "serve", model_dir, "--port", str(self.port)]
+        if self.nodes:
+            argv += ["--host", "0.0.0.0"]  # the trainer's rank 0 may run on another host
         argv += vllm_placement_flags(place, default=[])  # _size_context set max_model_len
         from trainer.run_schema import DEFAULTS  # the spec's dtype default, one table
 
@@ -428,12 +434,76 @@ class RunSupervisor:
             f"at {', '.join(self.server_urls)}",
         )
 
-    def _start_trainer(self, config_path: Path, checkpoint: Path | None) -> None:
+    def _ask_nodes(self, checkpoint: Path | None) -> Rendezvous:
+        """A trainer across hosts: this host's rendezvous (a free port of ``GRPO_RENDEZVOUS_PORTS``
+        at ``GRPO_WORKER_ADDRESS``), recorded in the placement, then each further host's worker
+        asked to start its part (:func:`~controlplane.runs.services.nodes.run_nodes_ask`)."""
+        low, high = settings.GRPO_RENDEZVOUS_PORTS
+        port = free_port_in(low, high)
+        if port is None:
+            raise AttemptEnded(
+                RunStatus.FAILED,
+                f"no free rendezvous port in GRPO_RENDEZVOUS_PORTS {low}-{high} on this host",
+            )
+        rendezvous = Rendezvous(
+            nodes=1 + len(self.nodes),
+            endpoint=f"{settings.GRPO_WORKER_ADDRESS}:{port}",
+            run_id=f"run-{self.run_id}-{self.run_obj.attempt}",
+            hosts_store=True,
+        )
+        self.placement["trainer"]["rendezvous"] = {
+            "endpoint": rendezvous.endpoint,
+            "id": rendezvous.run_id,
+            "resume": str(checkpoint) if checkpoint is not None else None,
+        }
+        services.run_placement_record(
+            run_id=self.run_id,
+            placement=self.placement,
+            message=f"trainer rendezvous at {rendezvous.endpoint} ({rendezvous.nodes} hosts)",
+        )
+        services.run_nodes_ask(run_id=self.run_id, attempt=self.run_obj.attempt, nodes=self.nodes)
+        return rendezvous
+
+    def _node_problem(self) -> services.NodeProblem | None:
+        """What went wrong on a further host (failed, silent, never started), or None."""
+        problem = self._through_db_blips(
+            lambda: services.run_node_problem(run_id=self.run_id, attempt=self.run_obj.attempt),
+            what="reading the further hosts",
+        )
+        return problem if isinstance(problem, services.NodeProblem) else None
+
+    def _node_failure_reason(self, sentence: str) -> str:
+        """The failure reason when this host's trainer failed: a further host lost first (its ranks'
+        sockets close here at once, its silence shows only after GRPO_NODE_LOST_AFTER_S: waited for
+        unless every further host reports its own end), a further host's failure after."""
+        deadline = time.monotonic() + _node_verdict_s()
+        while True:
+            problem = self._node_problem()
+            ended = self._through_db_blips(
+                lambda: services.run_nodes_ended(run_id=self.run_id, attempt=self.run_obj.attempt),
+                what="reading the further hosts",
+            )
+            if (problem and problem.kind != "failed") or ended is True or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        if problem is None:
+            return sentence
+        return (
+            f"{problem.sentence}; {sentence}"
+            if problem.kind != "failed"
+            else f"{sentence}; {problem.sentence}"
+        )
+
+    def _start_trainer(
+        self, config_path: Path, checkpoint: Path | None, rendezvous: Rendezvous | None = None
+    ) -> None:
         module = ["-m", "trainer", "train", "--config", str(config_path)]
         if checkpoint is not None:
             module += ["--resume", str(checkpoint)]
-        argv, devices, launcher = trainer_command(self.placement.get("trainer") or {}, module)
-        env = {"GRPO_RUN_ID": str(self.run_id), **devices}
+        argv, devices, launcher = trainer_command(
+            self.placement.get("trainer") or {}, module, rendezvous=rendezvous
+        )
+        env = {"GRPO_RUN_ID": str(self.run_id), "GRPO_WORKER_HOST": settings.GRPO_WORKER_HOST, **devices}
         with contextlib.suppress(FileNotFoundError):
             (self.out / "ranks.json").unlink()  # a previous attempt's
         self.trainer = self._start("trainer", argv, env)
@@ -448,15 +518,9 @@ class RunSupervisor:
         )
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        log_path = self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
-        full_env = {
-            **child_environment(os.environ),
-            "PYTHONUNBUFFERED": "1",
-            "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
-        }
-        full_env.update(env or {})
-        guarded = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", *argv]
-        return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
+        return start_guarded(
+            name, argv, env, log_path=self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
+        )
 
     def _watch(self) -> None:
         """Ingest the output folder every ``INGEST_POLL_S``; check the processes every ``POLL_S``."""
@@ -470,16 +534,16 @@ class RunSupervisor:
                     raise AttemptEnded(
                         RunStatus.INTERRUPTED, self._interrupted_reason("the trainer was asked to stop", code)
                     )
-                raise AttemptEnded(
-                    RunStatus.FAILED,
-                    self._with_server_names(
-                        log_records.failure_sentence(
-                            process="trainer",
-                            status=_describe(code),
-                            log_text=self.trainer.log_tail(TAIL_LINES),
-                        )
-                    ),
+                sentence = self._with_server_names(
+                    log_records.failure_sentence(
+                        process="trainer",
+                        status=describe_exit(code),
+                        log_text=self.trainer.log_tail(TAIL_LINES),
+                    )
                 )
+                if self.nodes:
+                    sentence = self._node_failure_reason(sentence)
+                raise AttemptEnded(RunStatus.FAILED, sentence)
             now = time.monotonic()
             self._ingest_outputs(now)
             if now >= next_check:
@@ -512,12 +576,16 @@ class RunSupervisor:
                 raise RunLost()
             if status == RunStatus.STOPPING:
                 raise AttemptEnded(RunStatus.STOPPED)
+            if self.nodes and self.trainer is not None:
+                problem = self._node_problem()
+                if problem is not None:
+                    raise AttemptEnded(RunStatus.FAILED, problem.sentence)
         if self.vllm is not None and self.vllm.poll() is not None:
             raise AttemptEnded(
                 RunStatus.FAILED,
                 log_records.failure_sentence(
                     process="vLLM server",
-                    status=_describe(self.vllm.poll()),
+                    status=describe_exit(self.vllm.poll()),
                     log_text=self.vllm.log_tail(TAIL_LINES),
                 ),
             )
@@ -668,21 +736,47 @@ class RunSupervisor:
             services.run_event_create(
                 run_id=self.run_id,
                 kind=RunEventKind.LOG,
-                message=f"{process.name} (pid {process.pid}) exited with status {_describe(code)}; "
+                message=f"{process.name} (pid {process.pid}) exited with status {describe_exit(code)}; "
                 f"last lines of {process.log_path}:\n{process.log_tail(TAIL_LINES)}",
             )
 
     def _install_sigterm(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def on_signal(signum: int, frame: Any) -> None:
-            self.shutdown_signal = signum
-
-        return signal.signal(signal.SIGTERM, on_signal)
+        return install_shutdown_flag(self)
 
 
 # ------------------------------------------------------------------------------------ helpers
+def start_guarded(
+    name: str, argv: list[str], env: dict[str, str] | None, *, log_path: Path
+) -> ManagedProcess:
+    """``argv`` started under :mod:`worker.guard` (its own process group, ended if this process dies),
+    with this worker's environment less the control plane's (``env`` added), its output to ``log_path``."""
+    full_env = {
+        **child_environment(os.environ),
+        "PYTHONUNBUFFERED": "1",
+        "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
+    }
+    full_env.update(env or {})
+    guarded = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", *argv]
+    return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
+
+
+def install_shutdown_flag(supervisor: Any) -> Any:
+    """On SIGTERM (the worker's warm shutdown), set ``supervisor.shutdown_signal`` (its loop then
+    interrupts the run); returns the previous handler, or None off the main thread (no handler set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum: int, frame: Any) -> None:
+        supervisor.shutdown_signal = signum
+
+    return signal.signal(signal.SIGTERM, on_signal)
+
+
+def _node_verdict_s() -> float:
+    """How long a failed trainer's supervisor waits for a further host to show itself failed or silent."""
+    return settings.GRPO_NODE_LOST_AFTER_S + 2 * settings.GRPO_RUN_HEARTBEAT_S
+
+
 def child_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     """``environ`` less the control plane's settings (``CONTROL_PLANE_ENV``): what the run's
     processes inherit from the worker."""
@@ -729,7 +823,7 @@ def _wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
     return True
 
 
-def _describe(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     """An exit status for people: ``143 (SIGTERM)``; the guard reports signal N as 128 + N."""
     if code is None:
         return "unknown"

@@ -328,6 +328,37 @@ class RunEventKind(models.TextChoices):
     INFO = "info"
 
 
+class RunNodeStatus(models.TextChoices):
+    ASKED = "asked"  # the first host asked the node's worker to start its part
+    RUNNING = "running"
+    EXITED = "exited"  # its processes ended with exit_code 0
+    FAILED = "failed"  # its processes ended otherwise, or could not start (reason)
+
+
+class RunNode(models.Model):
+    """One further host of an attempt of a trainer across hosts (``resources.trainer.nodes``): its
+    worker's lease is the run's placement; this row is what that worker reports back (the first
+    host's supervisor, which owns the run, reads it)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="nodes")
+    attempt = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()  # 1..nodes-1 (node 0 is the run's own host)
+    host = models.CharField(max_length=255)
+    worker = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=RunNodeStatus.choices, default=RunNodeStatus.ASKED)
+    asked_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "attempt", "index"], name="run_node_unique"),
+            models.CheckConstraint(condition=Q(index__gte=1), name="run_node_index_from_1"),
+        ]
+
+
 class RunEvent(models.Model):
     """Something that happened to a run: a status change, a process start/exit, a log tail, an error."""
 

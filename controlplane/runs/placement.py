@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.resources import Resources
 
-__all__ = ["Unplaceable", "Waiting", "placement_plan", "waiting_reason_for"]
+__all__ = ["Unplaceable", "Waiting", "node_plan", "placement_plan", "waiting_reason_for"]
 
 
 class Unplaceable(Exception):
@@ -68,6 +68,7 @@ def placement_plan(
         return Waiting(waiting_reason_for(needed=needed, free=len(free), total=len(inventory), host=host))
     vllm_gpus, trainer_gpus = free[:vllm_n], free[vllm_n:needed]
     processes = resources.trainer_processes_on(gpu_host=gpu_host)
+    nodes = {"nodes": resources.trainer_nodes} if resources.trainer_nodes > 1 else {}
     return {
         "host": host,
         "worker": worker,
@@ -83,5 +84,28 @@ def placement_plan(
             "gpu_memory_utilization": resources.gpu_memory_utilization,
             "max_model_len": resources.max_model_len,
         },
-        "trainer": {"gpus": trainer_gpus, "processes": processes, "ranks": []},
+        "trainer": {"gpus": trainer_gpus, "processes": processes, "ranks": [], **nodes},
+    }
+
+
+def node_plan(
+    *, resources: Resources, inventory: list[str], busy: set[str], host: str, worker: str
+) -> dict[str, Any] | Waiting:
+    """A further host's share of a trainer across hosts: its trainer GPUs (``gpus_per_node`` of the
+    free ones; none on a CPU worker) and processes. Raises :class:`Unplaceable` when this host could
+    never hold it; a :class:`Waiting` when not now."""
+    gpu_host = bool(inventory)
+    if not gpu_host and resources.trainer_gpus:
+        raise Unplaceable(f"host {host} has no GPUs for resources.trainer.gpus_per_node")
+    needed = resources.trainer_gpus_on(gpu_host=gpu_host)
+    if needed > len(inventory) and gpu_host:
+        raise Unplaceable(f"host {host} has {len(inventory)} GPUs, fewer than gpus_per_node {needed}")
+    free = [gpu for gpu in inventory if gpu not in busy]
+    if needed > len(free):
+        return Waiting(waiting_reason_for(needed=needed, free=len(free), total=len(inventory), host=host))
+    return {
+        "host": host,
+        "worker": worker,
+        "gpus": free[:needed],
+        "processes": resources.trainer_processes_on(gpu_host=gpu_host),
     }

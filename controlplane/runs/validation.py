@@ -248,6 +248,14 @@ def _resources_errors(resources: Resources) -> dict[str, str]:
             f"{resources.pool!r} is not a pool; pools: {', '.join(settings.GRPO_RUN_POOLS)}"
         )
         return errors
+    if resources.trainer_nodes > 1:
+        live = worker_hosts.pool_live_workers(pool=pool)
+        if len(live) < resources.trainer_nodes:
+            hosts = ", ".join(w.host for w in live) or "none"
+            errors["resources.trainer.nodes"] = (
+                f"{resources.trainer_nodes} hosts asked and pool {pool!r} has {len(live)} live worker host"
+                f"{'s' if len(live) != 1 else ''} ({hosts}): lower nodes, or start a worker on more hosts"
+            )
     wanted = resources.explicit_gpus()
     largest = worker_hosts.pool_max_gpus(pool=pool)
     field = "resources.trainer.gpus" if resources.trainer_gpus else "resources.vllm.gpus"

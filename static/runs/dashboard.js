@@ -240,6 +240,10 @@
     }
     const t = p.trainer || {};
     box.append(el("div", { "data-part": "trainer", text: `trainer: ${gpuText(t.gpus)}, ${t.processes || 1} process${(t.processes || 1) > 1 ? "es" : ""}${t.launcher ? ` · ${t.launcher}` : ""}` }));
+    for (const n of p.nodes || []) {
+      box.append(el("div", { "data-part": "node", text: `  and on host ${n.host} · worker ${n.worker}: ${gpuText(n.gpus)}, ${n.processes || 1} process${(n.processes || 1) > 1 ? "es" : ""}` }));
+    }
+    if (t.rendezvous) box.append(el("div", { text: `  rendezvous ${t.rendezvous.endpoint} (${t.rendezvous.id})` }));
     for (const r of t.ranks || []) {
       box.append(el("div", { class: "rank", "data-rank": String(r.rank), text: `  rank ${r.rank}: ${r.device}${r.gpu !== null && r.gpu !== undefined ? ` = GPU ${r.gpu}` : ""} · pid ${r.pid} on ${r.host}` }));
     }

@@ -4,6 +4,7 @@
 * :mod:`.lifecycle`: create (the one validation of a document), launch (enqueued by task name),
   stop, resume; what the supervisor records; stale runs failed; events.
 * :mod:`.claim`: a worker claiming a queued run, with its placement leased under a lock.
+* :mod:`.nodes`: a trainer across hosts: each further host's part asked for and reported on.
 * :mod:`.ingest`: what the supervisor reads from the run's output folder (metrics, completions,
   checkpoints, file offsets), stored idempotently and published.
 * :mod:`.stream`: the run's channel-layer group (``run-<id>``) and what is published to it.
@@ -43,6 +44,16 @@ from controlplane.runs.services.lifecycle import (
     runs_fail_stale,
     runs_resume_interrupted,
 )
+from controlplane.runs.services.nodes import (
+    NODE_TASK,
+    NodeProblem,
+    run_node_begin,
+    run_node_end,
+    run_node_heartbeat,
+    run_node_problem,
+    run_nodes_ask,
+    run_nodes_ended,
+)
 from controlplane.runs.services.preferences import chart_preference_update
 from controlplane.runs.services.stream import (
     MAX_PUBLISHED_TEXT_CHARS,
@@ -53,6 +64,14 @@ from controlplane.runs.services.stream import (
 )
 
 __all__ = [
+    "NODE_TASK",
+    "NodeProblem",
+    "run_node_begin",
+    "run_node_end",
+    "run_node_heartbeat",
+    "run_node_problem",
+    "run_nodes_ask",
+    "run_nodes_ended",
     "chart_preference_update",
     "MAX_EVENT_CHARS",
     "MAX_PUBLISHED_TEXT_CHARS",

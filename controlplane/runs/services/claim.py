@@ -22,8 +22,9 @@ from controlplane.runs.models import (
     Run,
     RunEventKind,
     RunStatus,
+    WorkerHost,
 )
-from controlplane.runs.placement import Unplaceable, Waiting, placement_plan
+from controlplane.runs.placement import Unplaceable, Waiting, node_plan, placement_plan
 from controlplane.runs.services.lifecycle import run_event_create, run_status_transition
 from controlplane.runs.services.stream import run_status_publish
 from trainer.resources import parse_resources
@@ -134,28 +135,94 @@ def _placement_for(
         )
         if holder is not None:
             return Waiting(f"waiting for vLLM server {name!r}: run {holder} is using it")
-    _advisory_lock(f"grpo-host:{worker_host}")
-    busy: set[str] = set()
-    for held in Run.objects.filter(worker_host=worker_host, status__in=ACTIVE_STATUSES).values_list(
-        "placement", flat=True
-    ):
-        busy.update(str(g) for g in (held or {}).get("gpus", []))
+    pool = resources.pool or settings.GRPO_RUNS_QUEUE
+    others = (
+        worker_hosts.pool_live_workers(pool=pool, exclude_host=worker_host)
+        if resources.trainer_nodes > 1
+        else []
+    )
+    for host in sorted(
+        {worker_host, *(w.host for w in others)}
+    ):  # one order: no two claims wait on each other
+        _advisory_lock(f"grpo-host:{host}")
     try:
         plan = placement_plan(
             resources=resources,
             inventory=[str(g) for g in gpus],
-            busy=busy,
+            busy=_busy_gpus(worker_host),
             host=worker_host,
             worker=worker_name,
         )
     except Unplaceable as exc:
-        pool = resources.pool or settings.GRPO_RUNS_QUEUE
         largest = worker_hosts.pool_max_gpus(pool=pool)
         if largest is not None and largest > len(gpus) and resources.gpus_on(gpu_host=True) <= largest:
             return Waiting(f"waiting for a larger worker of pool {pool!r}: {exc}")
         _fail_unclaimed(run_id=run.pk, reason=str(exc))
         return None
+    if isinstance(plan, Waiting) or resources.trainer_nodes == 1:
+        return plan
+    nodes = _nodes_plan(run=run, resources=resources, others=others, pool=pool, host=worker_host)
+    if not isinstance(nodes, list):
+        return nodes
+    plan["nodes"] = nodes
+    plan["node_hosts"] = [node["host"] for node in nodes]
     return plan
+
+
+def _busy_gpus(host: str) -> set[str]:
+    """The GPUs of ``host`` that live runs hold: their own host's and, for trainers across hosts, the
+    share they hold of this one."""
+    busy: set[str] = set()
+    held = Run.objects.filter(status__in=ACTIVE_STATUSES).filter(
+        Q(worker_host=host) | Q(placement__node_hosts__contains=[host])
+    )
+    for run_host, placement in held.values_list("worker_host", "placement"):
+        placement = placement or {}
+        if run_host == host:
+            busy.update(str(g) for g in placement.get("gpus", []))
+        for node in placement.get("nodes") or []:
+            if node.get("host") == host:
+                busy.update(str(g) for g in node.get("gpus", []))
+    return busy
+
+
+def _nodes_plan(
+    *, run: Run, resources, others: list[WorkerHost], pool: str, host: str
+) -> list[dict] | Waiting | None:
+    """The shares of the ``nodes - 1`` further hosts (the first that fit now, in host order); a
+    :class:`Waiting` when too few fit now; None after failing a run that too few hosts could ever hold."""
+    wanted = resources.trainer_nodes - 1
+    nodes: list[dict] = []
+    waiting: list[str] = []
+    possible = 0
+    for worker in others:
+        try:
+            share = node_plan(
+                resources=resources,
+                inventory=[str(g) for g in worker.gpus or []],
+                busy=_busy_gpus(worker.host),
+                host=worker.host,
+                worker=worker.name,
+            )
+        except Unplaceable as exc:
+            waiting.append(str(exc))
+            continue
+        possible += 1
+        if isinstance(share, Waiting):
+            waiting.append(share.reason)
+        elif len(nodes) < wanted:
+            nodes.append(share)
+    if len(nodes) == wanted:
+        return nodes
+    if possible < wanted:
+        _fail_unclaimed(
+            run_id=run.pk,
+            reason=f"resources.trainer.nodes: {resources.trainer_nodes} needs {wanted} more live host"
+            f"{'s' if wanted != 1 else ''} of pool {pool!r} beside {host}, and "
+            f"{possible} can hold a node" + (f" ({'; '.join(waiting)})" if waiting else ""),
+        )
+        return None
+    return Waiting(f"waiting for {wanted - len(nodes)} more host(s) of pool {pool!r}: " + "; ".join(waiting))
 
 
 def _run_wait(run_id: int, reason: str) -> None:
@@ -194,7 +261,12 @@ def placement_text(placement: dict) -> str:
     trainer = placement.get("trainer") or {}
     n = trainer.get("processes", 1)
     devices = f"GPUs {','.join(trainer['gpus'])}" if trainer.get("gpus") else "CPU"
-    return f"{where}: {served}, trainer on {devices} ({n} process{'es' if n != 1 else ''})"
+    text = f"{where}: {served}, trainer on {devices} ({n} process{'es' if n != 1 else ''})"
+    for node in placement.get("nodes") or []:
+        devices = f"GPUs {','.join(node['gpus'])}" if node.get("gpus") else "CPU"
+        k = node.get("processes", 1)
+        text += f"; and on {node['host']} (worker {node['worker']}): {devices} ({k} process{'es' if k != 1 else ''})"
+    return text
 
 
 def _fail_unclaimed(*, run_id: int, reason: str) -> None:
