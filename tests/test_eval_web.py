@@ -403,7 +403,7 @@ def test_the_worker_resolves_a_hub_eval_dataset_to_its_snapshot_and_commit(tmp_p
     (files / "test.jsonl").write_text(json.dumps({"question": "What is 2 + 2?", "solution": "4"}) + "\n")
     script = (
         "import json, django; django.setup()\n"
-        "from worker.supervisor import hub_sources_resolve\n"
+        "from worker.run_sources import hub_sources_resolve\n"
         "print(json.dumps(hub_sources_resolve(config={'model': 'tiny', 'train_dataset': 'arithmetic', "
         "'eval_dataset': 'acme/held-out', 'eval_dataset_revision': 'main'})))\n"
     )

@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEvent, RunEventKind
-from worker.log_records import cut_records, event_message, failure_sentence, log_tail
+from worker.log_records import TAIL_LINES, cut_records, event_message, failure_sentence, log_tail
 from worker.processes import ManagedProcess
-from worker.supervisor import TAIL_LINES, RunSupervisor
+from worker.supervisor import RunSupervisor
 
 HTTPX = '2026-12-02 16:34:52,237 INFO httpx: HTTP Request: POST http://127.0.0.1:8100/pause?mode=keep "HTTP/1.1 200 OK"'
 STEP = "2026-12-02 16:34:52,300 INFO trainer.trainer: step 3: loss 0.47"

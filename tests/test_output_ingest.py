@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunFileCursor
 from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE, JsonlSink
-from worker.supervisor import CONTROL_PLANE_ENV, child_environment
+from worker.processes import CONTROL_PLANE_ENV, child_environment
 from worker.tailer import RunOutputTailer
 
 pytestmark = pytest.mark.django_db

@@ -54,7 +54,7 @@ def run_supervise(self, run_id: int) -> str:
 def run_node(self, run_id: int, attempt: int, index: int) -> str:
     """A further host's part of a trainer across hosts, until the attempt ends (sent by the run's first
     host to this worker's own queue: :mod:`controlplane.runs.services.nodes`)."""
-    from worker.node_supervisor import supervise_node
+    from worker.nodes import supervise_node
 
     return supervise_node(
         run_id=run_id, attempt=attempt, index=index, worker_name=self.request.hostname or ""

@@ -37,6 +37,8 @@ TAKES_TRACEBACK = frozenset({"WARNING", "ERROR", "CRITICAL"})
 MAX_PENDING_LINES = 400
 # An event carries the latest records up to this many lines (one longer record is still kept whole).
 EVENT_MAX_LINES = 20
+# Lines of a process's log a failure sentence and an exit event are read from.
+TAIL_LINES = 40
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -288,3 +289,76 @@ def process_name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+# ------------------------------------------------------------------- a run's processes, as launched
+# The control plane's settings that must not reach the run's processes (the trainer runs user code:
+# rewards, tools, environments, plugins); it reports through files (trainer.sinks) instead.
+CONTROL_PLANE_ENV = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DJANGO_SETTINGS_MODULE",
+        "GRPO_CHANNEL_PREFIX",
+        "GRPO_CACHE_PREFIX",
+        "SECRET_KEY",
+        "GRPO_DEMO_PASSWORD",
+    }
+)
+
+
+def child_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """``environ`` less the control plane's settings (``CONTROL_PLANE_ENV``): what the run's
+    processes inherit from the worker."""
+    return {name: value for name, value in environ.items() if name not in CONTROL_PLANE_ENV}
+
+
+def start_guarded(
+    name: str, argv: list[str], env: dict[str, str] | None, *, log_path: Path, grace_s: float
+) -> ManagedProcess:
+    """``argv`` started under :mod:`worker.guard` (its own process group, ended if this process dies),
+    with this worker's environment less the control plane's (``env`` added), its output to ``log_path``;
+    the guard gives it ``grace_s`` between SIGTERM and SIGKILL."""
+    full_env = {
+        **child_environment(os.environ),
+        "PYTHONUNBUFFERED": "1",
+        "GRPO_GUARD_GRACE_S": str(grace_s),
+    }
+    full_env.update(env or {})
+    guarded = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", *argv]
+    return ManagedProcess(name, guarded, env=full_env, cwd=_REPO, log_path=log_path).start()
+
+
+def install_shutdown_flag(supervisor: Any) -> Any:
+    """On SIGTERM (the worker's warm shutdown), set ``supervisor.shutdown_signal`` (its loop then
+    interrupts the run); returns the previous handler, or None off the main thread (no handler set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum: int, frame: Any) -> None:
+        supervisor.shutdown_signal = signum
+
+    return signal.signal(signal.SIGTERM, on_signal)
+
+
+def wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
+    """Wait until process group ``pgid`` is empty, SIGKILLing stragglers; False if it never empties."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.1)
+    return True
+
+
+def describe_exit(code: int | None) -> str:
+    """An exit status for people: ``143 (SIGTERM)``; the guard reports signal N as 128 + N."""
+    if code is None:
+        return "unknown"
+    signum = code - 128 if code > 128 else -code if code < 0 else 0
+    try:
+        return f"{code} ({signal.Signals(signum).name})" if signum else str(code)
+    except ValueError:
+        return str(code)

@@ -14,7 +14,7 @@ An attempt (:func:`supervise_run`):
 4. stores what a previous attempt left unread in the output folder, then starts
    ``python -m trainer train --config RUN.yaml`` (``--resume CHECKPOINT`` when a previous attempt
    left one) on the trainer's GPUs, under ``torch.distributed.run`` for several processes
-   (:mod:`worker.launch`), without the control plane's credentials (``CONTROL_PLANE_ENV``), records
+   (:mod:`worker.launch`), without the control plane's credentials (``worker.processes.CONTROL_PLANE_ENV``), records
    each child's environment and the trainer's ranks, and marks the run ``running``,
 5. watches both, ingesting the trainer's ``metrics.jsonl``, ``completions.jsonl`` and checkpoint
    folders as they grow (:mod:`worker.tailer`, every ``INGEST_POLL_S``): trainer exit 0 ->
@@ -39,7 +39,6 @@ import copy
 import functools
 import json
 import logging
-import os
 import re
 import shlex
 import signal
@@ -61,55 +60,28 @@ from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
 from controlplane.runs.validation import local_sources_errors
 from trainer.interrupt import EXIT_INTERRUPTED, interrupt_clear, interrupt_request, marker_read
-from worker import log_records
+from worker import log_records, nodes
 from worker.launch import Rendezvous, devices_env, trainer_command, vllm_placement_flags
-from worker.processes import ManagedProcess, free_port_in, group_members, http_ok
+from worker.processes import (
+    ManagedProcess,
+    describe_exit,
+    group_members,
+    http_ok,
+    install_shutdown_flag,
+    start_guarded,
+    wait_group_gone,
+)
+from worker.run_sources import hub_sources_resolve, latest_checkpoint, model_plan, resolve_model_dir
 from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 1.0
-# The control plane's settings that must not reach the run's processes (the trainer runs user code:
-# rewards, tools, environments, plugins); it reports through files (trainer.sinks) instead.
-CONTROL_PLANE_ENV = frozenset(
-    {
-        "DATABASE_URL",
-        "REDIS_URL",
-        "DJANGO_SETTINGS_MODULE",
-        "GRPO_CHANNEL_PREFIX",
-        "GRPO_CACHE_PREFIX",
-        "SECRET_KEY",
-        "GRPO_DEMO_PASSWORD",
-    }
-)
 FINAL_INGEST_TRIES = 5
 LOG_EVENT_EVERY_S = 15.0
-TAIL_LINES = 40
 T = TypeVar("T")
 DEFERRED = object()  # a control-plane write the database refused; tried again on a later poll
-
-
-def hub_sources_resolve(
-    *, config: dict, progress: Callable[[str], None] | None = None
-) -> tuple[str, Any, Any, dict[str, dict[str, str]]]:
-    """``(model, train dataset, eval dataset, resolved)`` as the launch reads them: each hub id
-    (neither registered nor a local path) resolved to its local snapshot at its revision
-    (``model_revision``, ``dataset_revision``, ``eval_dataset_revision``), the rest as the document
-    has them; ``resolved``: ``{"model" | "dataset" | "eval_dataset": {"id", "type", "revision",
-    "commit", "path"}}`` for the ones resolved. No database. Raises :class:`trainer.hub.HubError`."""
-    from trainer.hub import resolve_sources
-
-    sources = resolve_sources(
-        model=config["model"],
-        dataset=config.get("train_dataset"),
-        model_revision=config.get("model_revision"),
-        dataset_revision=config.get("dataset_revision"),
-        eval_dataset=config.get("eval_dataset") or None,
-        eval_dataset_revision=config.get("eval_dataset_revision"),
-        progress=progress,
-    )
-    return sources.model, sources.dataset, sources.eval_dataset, dict(sources.resolved)
 
 
 class AttemptEnded(Exception):
@@ -160,7 +132,7 @@ class RunSupervisor:
         self.server_names: list[str] = list(
             self.placement.get("servers") or ([self.server_name] if self.server_name else [])
         )
-        # A trainer across hosts: the further hosts' shares (worker/node_supervisor.py runs each).
+        # A trainer across hosts: the further hosts' shares (worker/nodes.py runs each).
         self.nodes: list[dict] = list(self.placement.get("nodes") or [])
         self._ranks_recorded = False
         self.vllm: ManagedProcess | None = None
@@ -212,7 +184,7 @@ class RunSupervisor:
         config = self.run_obj.config
         started = time.monotonic()
         services.run_event_create(
-            run_id=self.run_id, kind=RunEventKind.INFO, message=_model_plan(config["model"])
+            run_id=self.run_id, kind=RunEventKind.INFO, message=model_plan(config["model"])
         )
         refused = local_sources_errors(document=config)  # a link added since the run was created
         if refused:
@@ -228,7 +200,7 @@ class RunSupervisor:
             self._size_context(model_dir, dataset, config, eval_dataset)
             self._start_vllm(model_dir, config)
         self._wait_healthy()
-        checkpoint = _latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
+        checkpoint = latest_checkpoint(self.out) if self.run_obj.attempt > 1 else None
         # What the last attempt wrote that its worker had not stored (killed with it), as that
         # attempt's (the charts' resume marker stays where it restarted), then a fresh completions
         # block for this attempt's re-done steps.
@@ -258,7 +230,7 @@ class RunSupervisor:
             lambda: hub_sources_resolve(config=config, progress=report), what="resolving the hub sources"
         )
         if "model" not in resolved:  # a registered name (the tiny model is prepared) or a path
-            model_dir = self._blocking(lambda: _resolve_model(model_dir), what="resolving the model")
+            model_dir = self._blocking(lambda: resolve_model_dir(model_dir), what="resolving the model")
         if resolved:
             services.run_sources_record(run_id=self.run_id, sources=resolved)
         return model_dir, dataset, eval_dataset
@@ -435,64 +407,17 @@ class RunSupervisor:
         )
 
     def _ask_nodes(self, checkpoint: Path | None) -> Rendezvous:
-        """A trainer across hosts: this host's rendezvous (a free port of ``GRPO_RENDEZVOUS_PORTS``
-        at ``GRPO_WORKER_ADDRESS``), recorded in the placement, then each further host's worker
-        asked to start its part (:func:`~controlplane.runs.services.nodes.run_nodes_ask`)."""
-        low, high = settings.GRPO_RENDEZVOUS_PORTS
-        port = free_port_in(low, high)
-        if port is None:
+        """A trainer across hosts: this host's rendezvous, then each further host asked for its part."""
+        rendezvous = nodes.nodes_ask(
+            run_id=self.run_id, attempt=self.run_obj.attempt, placement=self.placement, checkpoint=checkpoint
+        )
+        if rendezvous is None:
+            low, high = settings.GRPO_RENDEZVOUS_PORTS
             raise AttemptEnded(
                 RunStatus.FAILED,
                 f"no free rendezvous port in GRPO_RENDEZVOUS_PORTS {low}-{high} on this host",
             )
-        rendezvous = Rendezvous(
-            nodes=1 + len(self.nodes),
-            endpoint=f"{settings.GRPO_WORKER_ADDRESS}:{port}",
-            run_id=f"run-{self.run_id}-{self.run_obj.attempt}",
-            hosts_store=True,
-        )
-        self.placement["trainer"]["rendezvous"] = {
-            "endpoint": rendezvous.endpoint,
-            "id": rendezvous.run_id,
-            "resume": str(checkpoint) if checkpoint is not None else None,
-        }
-        services.run_placement_record(
-            run_id=self.run_id,
-            placement=self.placement,
-            message=f"trainer rendezvous at {rendezvous.endpoint} ({rendezvous.nodes} hosts)",
-        )
-        services.run_nodes_ask(run_id=self.run_id, attempt=self.run_obj.attempt, nodes=self.nodes)
         return rendezvous
-
-    def _node_problem(self) -> services.NodeProblem | None:
-        """What went wrong on a further host (failed, silent, never started), or None."""
-        problem = self._through_db_blips(
-            lambda: services.run_node_problem(run_id=self.run_id, attempt=self.run_obj.attempt),
-            what="reading the further hosts",
-        )
-        return problem if isinstance(problem, services.NodeProblem) else None
-
-    def _node_failure_reason(self, sentence: str) -> str:
-        """The failure reason when this host's trainer failed: a further host lost first (its ranks'
-        sockets close here at once, its silence shows only after GRPO_NODE_LOST_AFTER_S: waited for
-        unless every further host reports its own end), a further host's failure after."""
-        deadline = time.monotonic() + _node_verdict_s()
-        while True:
-            problem = self._node_problem()
-            ended = self._through_db_blips(
-                lambda: services.run_nodes_ended(run_id=self.run_id, attempt=self.run_obj.attempt),
-                what="reading the further hosts",
-            )
-            if (problem and problem.kind != "failed") or ended is True or time.monotonic() >= deadline:
-                break
-            time.sleep(POLL_S)
-        if problem is None:
-            return sentence
-        return (
-            f"{problem.sentence}; {sentence}"
-            if problem.kind != "failed"
-            else f"{sentence}; {problem.sentence}"
-        )
 
     def _start_trainer(
         self, config_path: Path, checkpoint: Path | None, rendezvous: Rendezvous | None = None
@@ -538,11 +463,13 @@ class RunSupervisor:
                     log_records.failure_sentence(
                         process="trainer",
                         status=describe_exit(code),
-                        log_text=self.trainer.log_tail(TAIL_LINES),
+                        log_text=self.trainer.log_tail(log_records.TAIL_LINES),
                     )
                 )
                 if self.nodes:
-                    sentence = self._node_failure_reason(sentence)
+                    sentence = nodes.failure_reason(
+                        run_id=self.run_id, attempt=self.run_obj.attempt, sentence=sentence
+                    )
                 raise AttemptEnded(RunStatus.FAILED, sentence)
             now = time.monotonic()
             self._ingest_outputs(now)
@@ -577,7 +504,7 @@ class RunSupervisor:
             if status == RunStatus.STOPPING:
                 raise AttemptEnded(RunStatus.STOPPED)
             if self.nodes and self.trainer is not None:
-                problem = self._node_problem()
+                problem = nodes.node_problem(run_id=self.run_id, attempt=self.run_obj.attempt)
                 if problem is not None:
                     raise AttemptEnded(RunStatus.FAILED, problem.sentence)
         if self.vllm is not None and self.vllm.poll() is not None:
@@ -586,7 +513,7 @@ class RunSupervisor:
                 log_records.failure_sentence(
                     process="vLLM server",
                     status=describe_exit(self.vllm.poll()),
-                    log_text=self.vllm.log_tail(TAIL_LINES),
+                    log_text=self.vllm.log_tail(log_records.TAIL_LINES),
                 ),
             )
 
@@ -623,7 +550,7 @@ class RunSupervisor:
         how = "when a worker of this host starts (GRPO_RESUME_INTERRUPTED), or with Resume"
         if marker and marker.get("checkpoint"):
             return f"{why}; checkpoint saved at step {marker['step']}: the run resumes from it {how}"
-        latest = _latest_checkpoint(self.out)
+        latest = latest_checkpoint(self.out)
         where = (
             f"{latest.name} (later steps are trained again)" if latest else "the start (no checkpoint yet)"
         )
@@ -707,7 +634,7 @@ class RunSupervisor:
         for process in processes:
             # SIGKILLed members (vLLM's engine core, the rollout process) take a moment to go away;
             # the run is only reported ended once its groups are empty.
-            if process is not None and not _wait_group_gone(process.pid, timeout_s=10):
+            if process is not None and not wait_group_gone(process.pid, timeout_s=10):
                 services.run_event_create(
                     run_id=self.run_id,
                     kind=RunEventKind.ERROR,
@@ -737,98 +664,8 @@ class RunSupervisor:
                 run_id=self.run_id,
                 kind=RunEventKind.LOG,
                 message=f"{process.name} (pid {process.pid}) exited with status {describe_exit(code)}; "
-                f"last lines of {process.log_path}:\n{process.log_tail(TAIL_LINES)}",
+                f"last lines of {process.log_path}:\n{process.log_tail(log_records.TAIL_LINES)}",
             )
 
     def _install_sigterm(self):
         return install_shutdown_flag(self)
-
-
-# ------------------------------------------------------------------------------------ helpers
-def start_guarded(
-    name: str, argv: list[str], env: dict[str, str] | None, *, log_path: Path
-) -> ManagedProcess:
-    """``argv`` started under :mod:`worker.guard` (its own process group, ended if this process dies),
-    with this worker's environment less the control plane's (``env`` added), its output to ``log_path``."""
-    full_env = {
-        **child_environment(os.environ),
-        "PYTHONUNBUFFERED": "1",
-        "GRPO_GUARD_GRACE_S": str(settings.GRPO_STOP_GRACE_S),
-    }
-    full_env.update(env or {})
-    guarded = [sys.executable, "-m", "worker.guard", "--parent", str(os.getpid()), "--", *argv]
-    return ManagedProcess(name, guarded, env=full_env, cwd=REPO_ROOT, log_path=log_path).start()
-
-
-def install_shutdown_flag(supervisor: Any) -> Any:
-    """On SIGTERM (the worker's warm shutdown), set ``supervisor.shutdown_signal`` (its loop then
-    interrupts the run); returns the previous handler, or None off the main thread (no handler set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def on_signal(signum: int, frame: Any) -> None:
-        supervisor.shutdown_signal = signum
-
-    return signal.signal(signal.SIGTERM, on_signal)
-
-
-def _node_verdict_s() -> float:
-    """How long a failed trainer's supervisor waits for a further host to show itself failed or silent."""
-    return settings.GRPO_NODE_LOST_AFTER_S + 2 * settings.GRPO_RUN_HEARTBEAT_S
-
-
-def child_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """``environ`` less the control plane's settings (``CONTROL_PLANE_ENV``): what the run's
-    processes inherit from the worker."""
-    return {name: value for name, value in environ.items() if name not in CONTROL_PLANE_ENV}
-
-
-def _model_plan(name: str) -> str:
-    """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
-    if name != "tiny":
-        return f"model: {name}"
-    from trainer.tiny import current_builds
-
-    if current_builds(0):  # the shipped build or the user's cache
-        return "model: the embedded tiny model (a build of these sources exists; copying it if needed)"
-    return "model: building the embedded tiny model from scratch (its sources changed; ~3 min on 2 cores)"
-
-
-def _resolve_model(name: str) -> str:
-    """A registered model name to its local directory (the tiny model is built once and cached)."""
-    from trainer.registry import is_registered, resolve_model
-
-    return resolve_model(name) if is_registered("model", name) else name
-
-
-def _latest_checkpoint(output_dir: Path) -> Path | None:
-    """The highest ``checkpoint-<step>`` folder that has its ``rollout_state.json``."""
-    found = []
-    for folder in output_dir.glob("checkpoint-*"):
-        suffix = folder.name.rsplit("-", 1)[1]
-        if suffix.isdigit() and (folder / "rollout_state.json").exists():
-            found.append((int(suffix), folder))
-    return max(found)[1] if found else None
-
-
-def _wait_group_gone(pgid: int, *, timeout_s: float) -> bool:
-    """Wait until process group ``pgid`` is empty, SIGKILLing stragglers; False if it never empties."""
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid):
-        if time.monotonic() > deadline:
-            return False
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        time.sleep(0.1)
-    return True
-
-
-def describe_exit(code: int | None) -> str:
-    """An exit status for people: ``143 (SIGTERM)``; the guard reports signal N as 128 + N."""
-    if code is None:
-        return "unknown"
-    signum = code - 128 if code > 128 else -code if code < 0 else 0
-    try:
-        return f"{code} ({signal.Signals(signum).name})" if signum else str(code)
-    except ValueError:
-        return str(code)

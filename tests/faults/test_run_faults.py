@@ -172,7 +172,7 @@ def test_trainer_and_vllm_killed_services_restarted_run_survives_and_resumes(
 
     # 2. Resume from the latest checkpoint, at its stored prompt position.
     # The kill may land during a save (save_steps: 2): that folder has no rollout_state.json yet, and
-    # the supervisor resumes from the latest complete one (worker/supervisor.py, _latest_checkpoint).
+    # the supervisor resumes from the latest complete one (worker/run_sources.py, latest_checkpoint).
     complete = [p for p in Path(run.output_dir).glob("checkpoint-*") if (p / "rollout_state.json").is_file()]
     latest = max(complete, key=lambda p: int(p.name.split("-")[1]))
     position = json.loads((latest / "rollout_state.json").read_text())["first_untrained_prompt_index"]

@@ -1,8 +1,10 @@
-"""A further host's part of a trainer across hosts (``resources.trainer.nodes``).
+"""A trainer across hosts (``resources.trainer.nodes``): the first host's side and a further host's part.
 
 The run's first host owns the run (:mod:`worker.supervisor`: its vLLM server, its output files, its
-status). Once that host's supervisor has its rendezvous, it asks each further host's worker for its
-part through a ``worker.run_node`` task on that worker's own queue; :func:`supervise_node` then:
+status). Its supervisor takes a rendezvous port and asks each further host's worker for its part
+(:func:`nodes_ask`), reads how they fare while its trainer runs (:func:`node_problem`), and names a
+lost host when its own trainer fails (:func:`failure_reason`). Each further host's worker gets a
+``worker.run_node`` task on its own queue; :func:`supervise_node` then:
 
 1. takes the part (:func:`~controlplane.runs.services.nodes.run_node_begin`: the attempt is live and
    the part is this worker's, else nothing to do),
@@ -39,10 +41,78 @@ from controlplane.runs.models import Run, RunStatus
 from trainer.interrupt import EXIT_INTERRUPTED, interrupt_request
 from worker import log_records
 from worker.launch import Rendezvous, trainer_command
-from worker.processes import ManagedProcess
-from worker.supervisor import POLL_S, TAIL_LINES, describe_exit, install_shutdown_flag, start_guarded
+from worker.processes import ManagedProcess, describe_exit, free_port_in, install_shutdown_flag, start_guarded
 
 logger = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often a further host's processes are looked at
+
+
+# ------------------------------------------------------------------------------ the first host
+def nodes_ask(*, run_id: int, attempt: int, placement: dict, checkpoint: Path | None) -> Rendezvous | None:
+    """This host's rendezvous (a free port of ``GRPO_RENDEZVOUS_PORTS`` at ``GRPO_WORKER_ADDRESS``),
+    recorded in ``placement["trainer"]["rendezvous"]`` (with the checkpoint every host resumes from)
+    and stored, then each further host's worker asked to start its part
+    (:func:`~controlplane.runs.services.nodes.run_nodes_ask`). None when no port of the range is free."""
+    port = free_port_in(*settings.GRPO_RENDEZVOUS_PORTS)
+    if port is None:
+        return None
+    further = placement["nodes"]
+    rendezvous = Rendezvous(
+        nodes=1 + len(further),
+        endpoint=f"{settings.GRPO_WORKER_ADDRESS}:{port}",
+        run_id=f"run-{run_id}-{attempt}",
+        hosts_store=True,
+    )
+    placement["trainer"]["rendezvous"] = {
+        "endpoint": rendezvous.endpoint,
+        "id": rendezvous.run_id,
+        "resume": str(checkpoint) if checkpoint is not None else None,
+    }
+    services.run_placement_record(
+        run_id=run_id,
+        placement=placement,
+        message=f"trainer rendezvous at {rendezvous.endpoint} ({rendezvous.nodes} hosts)",
+    )
+    services.run_nodes_ask(run_id=run_id, attempt=attempt, nodes=further)
+    return rendezvous
+
+
+def _read(read: Any) -> Any:
+    """A database read; None when the database is unreachable (asked again at the next poll)."""
+    try:
+        return read()
+    except DatabaseError:
+        logger.warning("reading the further hosts failed (database unreachable)", exc_info=True)
+        close_old_connections()
+        return None
+
+
+def node_problem(*, run_id: int, attempt: int) -> services.NodeProblem | None:
+    """What went wrong on a further host (failed, silent, never started), or None."""
+    return _read(lambda: services.run_node_problem(run_id=run_id, attempt=attempt))
+
+
+def failure_reason(*, run_id: int, attempt: int, sentence: str) -> str:
+    """The failure reason when the first host's trainer failed with ``sentence``: a further host lost
+    goes first (its ranks' sockets close here at once, its silence shows only after
+    ``GRPO_NODE_LOST_AFTER_S``: waited for, unless every further host reports its own end), a further
+    host's own failure after."""
+    deadline = time.monotonic() + settings.GRPO_NODE_LOST_AFTER_S + 2 * settings.GRPO_RUN_HEARTBEAT_S
+    while True:
+        problem = node_problem(run_id=run_id, attempt=attempt)
+        ended = _read(lambda: services.run_nodes_ended(run_id=run_id, attempt=attempt))
+        if (problem and problem.kind != "failed") or ended is True or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    if problem is None:
+        return sentence
+    return (
+        f"{problem.sentence}; {sentence}" if problem.kind != "failed" else f"{sentence}; {problem.sentence}"
+    )
+
+
+# ----------------------------------------------------------------------------- a further host
 
 
 def supervise_node(*, run_id: int, attempt: int, index: int, worker_name: str) -> str:
@@ -105,7 +175,9 @@ class NodeSupervisor:
         argv, devices, _ = trainer_command(self.share, module, rendezvous=self.rendezvous)
         env = {"GRPO_RUN_ID": str(self.run_id), "GRPO_WORKER_HOST": settings.GRPO_WORKER_HOST, **devices}
         log = self.out / "logs" / f"trainer-node{self.index}.attempt-{self.attempt}.log"
-        self.trainer = start_guarded(f"trainer-node{self.index}", argv, env, log_path=log)
+        self.trainer = start_guarded(
+            f"trainer-node{self.index}", argv, env, log_path=log, grace_s=settings.GRPO_STOP_GRACE_S
+        )
         next_beat = 0.0
         while True:
             code = self.trainer.poll()
@@ -113,7 +185,9 @@ class NodeSupervisor:
                 if code == 0:
                     return 0, ""
                 return code, log_records.failure_sentence(
-                    process="trainer", status=describe_exit(code), log_text=self.trainer.log_tail(TAIL_LINES)
+                    process="trainer",
+                    status=describe_exit(code),
+                    log_text=self.trainer.log_tail(log_records.TAIL_LINES),
                 )
             if self.shutdown_signal is not None:
                 return self._interrupt()
