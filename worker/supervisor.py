@@ -443,9 +443,8 @@ class RunSupervisor:
         )
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        return start_guarded(
-            name, argv, env, log_path=self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
-        )
+        log_path = self.logs / f"{name}.attempt-{self.run_obj.attempt}.log"
+        return start_guarded(name, argv, env, log_path=log_path, grace_s=settings.GRPO_STOP_GRACE_S)
 
     def _watch(self) -> None:
         """Ingest the output folder every ``INGEST_POLL_S``; check the processes every ``POLL_S``."""
