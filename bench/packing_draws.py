@@ -414,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             add_recompute(report["summary"])
             report["meta"]["elapsed_s"] = time.perf_counter() - started
             args.out.write_text(json.dumps(report, indent=1))
+    report["meta"]["elapsed_s"] = time.perf_counter() - started
+    args.out.write_text(json.dumps(report, indent=1))  # the configs skipped by --time-budget too
     print(markdown_table(report["summary"]))
     return report
 
