@@ -210,6 +210,7 @@ def test_an_epoch_that_ends_on_dropped_groups_trains_no_empty_step(vllm_server, 
     trainer.train()
     steps = [r["step"] for r in _metrics(tmp_path / "run") if "loss" in r]
     assert steps == [1] and trainer.state.global_step == 1, steps
+    assert trainer.state.epoch == pytest.approx(1.0)  # the dropped groups' prompts were consumed too
     assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1"]
 
 

@@ -346,6 +346,9 @@ class AsyncGRPOTrainer(Trainer):
             self.state.global_step,
         )
         self.control.should_training_stop = True
+        if self.is_world_process_zero() and self._counts_epochs:
+            # The dropped groups consumed their prompts too: the epoch is whole, as a step's end counts it.
+            self.state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
         if self.state.global_step > 0 and self.args.save_strategy != SaveStrategy.NO:
             self.control.should_save = True
 
