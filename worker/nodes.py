@@ -78,19 +78,20 @@ def nodes_ask(*, run_id: int, attempt: int, placement: dict, checkpoint: Path | 
     return rendezvous
 
 
-def _read(read: Any) -> Any:
-    """A database read; None when the database is unreachable (asked again at the next poll)."""
+def _through_db_blips(call: Any, *, otherwise: Any = None) -> Any:
+    """``call()``'s result, or ``otherwise`` when the database is unreachable (asked again at the next
+    poll; the broken connection is dropped so that the next try reconnects)."""
     try:
-        return read()
+        return call()
     except DatabaseError:
-        logger.warning("reading the further hosts failed (database unreachable)", exc_info=True)
+        logger.warning("a trainer across hosts: the database is unreachable; trying again", exc_info=True)
         close_old_connections()
-        return None
+        return otherwise
 
 
 def node_problem(*, run_id: int, attempt: int) -> services.NodeProblem | None:
     """What went wrong on a further host (failed, silent, never started), or None."""
-    return _read(lambda: services.run_node_problem(run_id=run_id, attempt=attempt))
+    return _through_db_blips(lambda: services.run_node_problem(run_id=run_id, attempt=attempt))
 
 
 def failure_reason(*, run_id: int, attempt: int, sentence: str) -> str:
@@ -101,7 +102,7 @@ def failure_reason(*, run_id: int, attempt: int, sentence: str) -> str:
     deadline = time.monotonic() + settings.GRPO_NODE_LOST_AFTER_S + 2 * settings.GRPO_RUN_HEARTBEAT_S
     while True:
         problem = node_problem(run_id=run_id, attempt=attempt)
-        ended = _read(lambda: services.run_nodes_ended(run_id=run_id, attempt=attempt))
+        ended = _through_db_blips(lambda: services.run_nodes_ended(run_id=run_id, attempt=attempt))
         if (problem and problem.kind != "failed") or ended is True or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
@@ -228,13 +229,8 @@ class NodeSupervisor:
         )
 
     def _report(self, write: Any) -> Any:
-        """A write to the database; None when it is unreachable (tried again at the next beat)."""
-        try:
-            return write()
-        except DatabaseError:
-            logger.warning("run %s node %s: database unreachable", self.run_id, self.index, exc_info=True)
-            close_old_connections()
-            return RunStatus.RUNNING  # unknown: keep going until the database answers
+        """A write to the database; while it is unreachable the part goes on (the run's status unknown)."""
+        return _through_db_blips(write, otherwise=RunStatus.RUNNING)
 
     def _install_sigterm(self):
         return install_shutdown_flag(self)

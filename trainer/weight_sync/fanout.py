@@ -11,14 +11,28 @@ sync with its own error (which names its URL) once every other round has ended.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 from trainer.weight_sync.client import WeightSyncClient
 
-__all__ = ["WeightSyncFanout", "weight_sync_client"]
+__all__ = ["WeightSyncFanout", "call_on_each", "weight_sync_client"]
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+
+def call_on_each(pool: ThreadPoolExecutor, call: Callable[[Item], T], items: Sequence[Item]) -> list[T]:
+    """``call(item)`` for every item at once on ``pool``; the results in order, or the first failure
+    (in item order) re-raised once every call has ended (a server's round is never left half-done)."""
+    futures = [pool.submit(call, item) for item in items]
+    for future in futures:
+        if future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+    return [future.result() for future in futures]
 
 
 class WeightSyncFanout:
@@ -36,14 +50,8 @@ class WeightSyncFanout:
     def base_url(self) -> str:
         return ",".join(c.base_url for c in self.clients)
 
-    def _each(self, call) -> list:
-        """``call(client)`` on every client at once; the first failure (in server order) re-raised after all ended."""
-        futures = [self._pool.submit(call, client) for client in self.clients]
-        errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
-        return [f.result() for f in futures]
+    def _each(self, call: Callable[[WeightSyncClient], T]) -> list[T]:
+        return call_on_each(self._pool, call, self.clients)
 
     def init(self) -> None:
         """Rendezvous with every server's weight-transfer engine (in parallel)."""

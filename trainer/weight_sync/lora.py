@@ -39,6 +39,7 @@ from trainer.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.pinning import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError, vllm_http_client
+from trainer.weight_sync.fanout import call_on_each
 
 if TYPE_CHECKING:
     import torch
@@ -178,10 +179,7 @@ class LoraPublisher:
 
     def _on_every_server(self, call: Callable[[str], None]) -> None:
         """``call(base_url)`` for every server at once; the first failure re-raised after all ended."""
-        futures = [self._pool.submit(call, url) for url in self.base_urls]
-        for future in futures:
-            if future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+        call_on_each(self._pool, call, self.base_urls)
 
     def publish(
         self, version: int, tensors: dict[str, torch.Tensor], adapter_config: dict

@@ -98,12 +98,13 @@ def run_node_end(*, run_id: int, attempt: int, index: int, exit_code: int | None
     """Node ``index``'s part ended: ``failed`` when there is a ``reason`` (one sentence), else
     ``exited`` (finished, or ended because the attempt ended on its first host)."""
     status = RunNodeStatus.FAILED if reason else RunNodeStatus.EXITED
-    RunNode.objects.filter(run_id=run_id, attempt=attempt, index=index).update(
-        status=status, exit_code=exit_code, reason=reason[:4000], heartbeat_at=timezone.now()
-    )
+    row = RunNode.objects.filter(run_id=run_id, attempt=attempt, index=index).first()
+    if row is None:
+        return
+    row.status, row.exit_code, row.reason, row.heartbeat_at = status, exit_code, reason[:4000], timezone.now()
+    row.save(update_fields=["status", "exit_code", "reason", "heartbeat_at"])
     if status == RunNodeStatus.FAILED:
-        row = RunNode.objects.filter(run_id=run_id, attempt=attempt, index=index).first()
-        where = f"node {index} on {row.host} (worker {row.worker})" if row else f"node {index}"
+        where = f"node {index} on {row.host} (worker {row.worker})"
         run_event_create(run_id=run_id, kind=RunEventKind.ERROR, message=f"{where}: {reason}")
 
 
