@@ -9,7 +9,9 @@ from a stream of fresh groups, and both layouts train exactly those samples:
   budget needs (a ratio-3.4 draw is about 3.4 rows).
 
 A draw's tokens/s per layout is its trained tokens over the summed fwd+bwd seconds of its rows
-(median of ``--steps`` timed steps per row); the ratio is tree / padding-free of the same draw. The
+(median of ``--steps`` timed steps per row, 3 by default, so one slow step does not move it; each timed
+step is kept with the compilations and allocator events inside it, and ``slow_steps`` lists those
+over 1.25x their row's fastest); the ratio is tree / padding-free of the same draw. The
 report gives the mean, the standard deviation, min and max over draws of tokens/s, of the ratio
 and of the packing ratio, the MFU by :func:`trainer.perf.training_flops` (the LM head charged only
 on the positions it runs on) and peak memory.
@@ -125,10 +127,29 @@ def row_flops(config, row: PackedRow) -> float | None:
 
 
 # ------------------------------------------------------------------------------------- timing
+# A timed step slower than SLOW_STEP x its row's fastest is reported with what happened inside it.
+SLOW_STEP = 1.25
+
+
+def step_events(device: torch.device) -> dict[str, int]:
+    """Running counts whose change inside a timed step explains a slow one: graphs compiled
+    (``torch.compile``: a recompilation), and on CUDA the caching allocator's new device segments
+    (``cudaMalloc``) and its retries (it freed its cache to fit an allocation)."""
+    from torch._dynamo.utils import counters
+
+    events = {"compiles": int(counters["stats"]["unique_graphs"])}
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        events["device_mallocs"] = int(stats.get("num_device_alloc", 0))
+        events["alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+    return events
+
+
 def time_row(
     model, row: PackedRow, optimizer, device, loss_config, warmup: int, steps: int, warm: set[int]
-) -> float:
-    """Median fwd+bwd seconds of ``row`` over ``steps`` timed steps (an optimizer step after each).
+) -> tuple[float, list[dict[str, Any]]]:
+    """Median fwd+bwd seconds of ``row`` over ``steps`` timed steps (an optimizer step after each),
+    and each timed step: ``{"s": seconds, **events}`` (:func:`step_events`' changes in that step).
 
     A row in a FlexAttention length bucket not in ``warm`` gets at least one untimed step first:
     a new bucket compiles (tens of seconds), which is start-up cost, not the step's."""
@@ -136,17 +157,36 @@ def time_row(
     if bucket not in warm:
         warmup = max(warmup, 1)
         warm.add(bucket)
-    times = []
+    timed = []
     for i in range(warmup + steps):
         _sync(device)
+        before = step_events(device)
         t0 = time.perf_counter()
         tree_step(model, row, device, loss_config, "auto")
         _sync(device)
+        seconds = time.perf_counter() - t0
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            after = step_events(device)
+            timed.append({"s": seconds, **{k: after[k] - before[k] for k in after}})
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return float(statistics.median(times))
+    return float(statistics.median(t["s"] for t in timed)), timed
+
+
+def slow_steps(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timed steps over :data:`SLOW_STEP` x their row's fastest, with where they were and their
+    events (a compile or allocator event names the cause; none: the device or the host stalled)."""
+    slow = []
+    for record in draws:
+        for layout in LAYOUTS:
+            for row, timed in enumerate(record[layout]["steps"]):
+                fastest = min(t["s"] for t in timed)
+                slow += [
+                    {"seed": record["seed"], "layout": layout, "row": row, "x_fastest": t["s"] / fastest, **t}
+                    for t in timed
+                    if t["s"] > SLOW_STEP * fastest
+                ]
+    return slow
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -237,9 +277,10 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
         record: dict[str, Any] = {"seed": args.seed + d, "samples": len(samples), "trained_tokens": trained}
         warmup = args.warmup if d == 0 else args.warmup_later
         for layout, rows in layouts.items():
-            seconds = sum(
+            timings = [
                 time_row(model, r, optimizer, device, loss_config, warmup, args.steps, warm) for r in rows
-            )
+            ]
+            seconds = sum(median for median, _ in timings)
             flops = [row_flops(model.config, r) for r in rows]
             record[layout] = {
                 "rows": len(rows),
@@ -248,6 +289,7 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
                 "fwd_bwd_s": seconds,
                 "trained_tokens_per_s": trained / seconds,
                 "mfu": sum(flops) / (seconds * peak) if peak and all(flops) else None,
+                "steps": [timed for _, timed in timings],  # per row, each timed step
             }
         record["packing_ratio"] = (
             record["padding_free"]["forwarded_tokens"] / record["tree"]["forwarded_tokens"]
@@ -273,6 +315,7 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
         "packing_ratio": _spread([r["packing_ratio"] for r in draws]),
         "tree_vs_padding_free": _spread([r["tree_vs_padding_free"] for r in draws]),
         "min_shared_tokens": share,
+        "slow_steps": slow_steps(draws),
         "peak_memory_gib": _gib(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
     }
     for layout in LAYOUTS:
@@ -349,7 +392,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row, first draw")
     parser.add_argument("--warmup-later", type=int, default=0, help="untimed steps per row, later draws")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per row")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="timed steps per row (3: the median outvotes one slow step)"
+    )
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument(
         "--min-shared-tokens",

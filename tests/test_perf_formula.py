@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3Config
 
 from bench.packing import SHAPES, WORKLOADS, build_model
-from bench.packing_draws import breakdown, draw_samples, padding_free_rows
+from bench.packing_draws import breakdown, draw_samples, padding_free_rows, slow_steps, step_events, time_row
 from trainer.config import AsyncGRPOConfig, compile_by_default
 from trainer.loss import LossConfig
 from trainer.packing import TokenBudgetBatcher, pack_row
@@ -73,6 +73,29 @@ def test_draws_give_both_layouts_the_same_samples_and_a_breakdown():
     for part in ("attention", "matmul", "elementwise", "head_and_loss", "optimizer"):
         assert parts[part] > 0, parts
     assert parts["device_total"] == pytest.approx(sum(v for k, v in parts.items() if k != "device_total"))
+
+
+def test_each_timed_step_is_kept_with_the_compilations_inside_it_and_slow_ones_are_listed():
+    """Issue 32 item 4: a draw timed 0.66x its twin on an identical row, and the record kept only a
+    2-step median; now every timed step is kept with what happened inside it."""
+    cpu = torch.device("cpu")
+    before = step_events(cpu)
+    torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))  # a graph compiled
+    assert step_events(cpu)["compiles"] > before["compiles"]
+
+    samples = draw_samples(3, WORKLOADS["3.4"].scaled(16), 2048, 1024)
+    model = build_model("tiny", cpu, checkpointing=True)
+    model.set_attn_implementation("tree")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    median, timed = time_row(model, pack_row(samples), optimizer, cpu, LossConfig(), 0, 3, set())
+    assert len(timed) == 3 and median == sorted(t["s"] for t in timed)[1]
+    assert all(t["s"] > 0 and t["compiles"] == 0 for t in timed)  # eager model, warmed by the untimed step
+
+    steps = [{"s": 1.0, "compiles": 0}, {"s": 1.6, "compiles": 1}, {"s": 1.1, "compiles": 0}]
+    record = {"seed": 9, "tree": {"steps": [steps]}, "padding_free": {"steps": [steps[:1], steps[2:]]}}
+    assert slow_steps([record]) == [
+        {"seed": 9, "layout": "tree", "row": 0, "x_fastest": 1.6, "s": 1.6, "compiles": 1}
+    ]
 
 
 def test_a_shared_prefix_shorter_than_the_minimum_is_forwarded_per_sample():
