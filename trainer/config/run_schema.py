@@ -453,7 +453,7 @@ def _json_kwargs(v: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _no_evaluation(v: Mapping[str, Any]) -> dict[str, str]:
-    """Evaluation scores eval_dataset's prompts through the vLLM server (trainer/evaluation.py) and
+    """Evaluation scores eval_dataset's prompts through the vLLM server (trainer/trainer/evaluation.py) and
     logs eval/* metrics; transformers' "best" checkpoints read metrics its own evaluation returns,
     which this one does not (whether eval_strategy has an eval_dataset is a rule of the run document:
     trainer.config.run_config)."""
