@@ -80,7 +80,7 @@ format:
 	$(VENV)/bin/ruff format .
 
 tiny: install  ## build the embedded tiny model into ~/.cache/grpo/tiny (cached per source hash)
-	$(PY) -c "from trainer.registry import resolve_model; print(resolve_model('tiny'))"
+	$(PY) -c "from trainer.plugins.registry import resolve_model; print(resolve_model('tiny'))"
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache

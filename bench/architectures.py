@@ -189,8 +189,8 @@ def sweep_one(family: str, tokenizer_dir: Path, workdir: Path, port: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from trainer.registry import cache_root
-    from trainer.tiny import ensure_tiny
+    from trainer.plugins.registry import cache_root
+    from trainer.tiny.build import ensure_tiny
     from worker.processes import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

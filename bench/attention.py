@@ -4,7 +4,7 @@ Complements ``bench/packing.py`` (the full training step) with the attention ker
 same rows (``bench.packing.prepare``) and Qwen3-1.7B's attention shape (16 query heads, 8 KV heads,
 head dim 128, bf16):
 
-* ``tree``: the trainer's tree attention (:func:`trainer.attention.tree_attention_forward`,
+* ``tree``: the trainer's tree attention (:func:`trainer.step.attention.tree_attention_forward`,
   FlexAttention with the trie's block mask on CUDA) on the tree row;
 * ``padding_free``: the same function on the padding-free row (block-diagonal causal mask);
 * ``varlen``: the padding-free row through PyTorch's variable-length flash kernel
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.packing import WORKLOADS, prepare
-from trainer.attention import TreeMask, tree_attention_forward
+from trainer.step.attention import TreeMask, tree_attention_forward
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from trainer.attention import TreeMask, tree_attention_forward
-from trainer.packing import pack_row
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import TreeMask, tree_attention_forward
+from trainer.step.packing import pack_row
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 4, 256
 VARIANTS = {
@@ -102,7 +102,7 @@ def compare(row, device: torch.device, dtype: torch.dtype, window, softcap, reps
 def model_check(family: str, device: torch.device) -> float:
     """Max |packed flex logits - eager per-sample logits| of a random-init ``family`` model (fp32)."""
     from bench.architectures import random_causal_lm
-    from trainer.attention import tree_forward_kwargs, use_tree_attention
+    from trainer.step.attention import tree_forward_kwargs, use_tree_attention
 
     # initializer_range 0.2: scores reach Gemma 2's cap of 1.0 (at 0.02 they stay in its linear range)
     overrides = {"attn_logit_softcapping": 1.0, "initializer_range": 0.2} if family == "gemma2" else {}

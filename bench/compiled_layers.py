@@ -4,7 +4,7 @@ the uncompiled model (loss and gradients).
 
 Variants: ``default`` (HF checkpointing + compiled norm/MLP blocks, the CUDA default before),
 ``fast`` (no checkpointing, compiled blocks), ``layer<budget>`` (each decoder layer compiled whole,
-:mod:`trainer.compiled_layers`, the partitioner recomputing under ``activation_memory_budget``).
+:mod:`trainer.step.compiled_layers`, the partitioner recomputing under ``activation_memory_budget``).
 
     python -m bench.compiled_layers --out bench/results/compiled-layers-h200.json \\
         --variants default,fast,layer1.0,layer0.5,layer0.2
@@ -24,10 +24,10 @@ import torch
 
 from bench.packing import NUM_TOP_LOGPROBS, SHAPES, WORKLOADS, _gib, _sync, build_model, tree_step
 from bench.packing_draws import draw_samples, variant_settings
-from trainer.attention import TREE_ATTENTION
-from trainer.loss import LossConfig
-from trainer.packing import pack_row
-from trainer.perf import peak_flops, training_flops
+from trainer.reporting.perf import peak_flops, training_flops
+from trainer.step.attention import TREE_ATTENTION
+from trainer.step.loss import LossConfig
+from trainer.step.packing import pack_row
 
 
 def gradients(model) -> dict[str, torch.Tensor]:

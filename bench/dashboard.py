@@ -224,7 +224,7 @@ async def _bench_latency(
 async def _bench_file_delivery(
     base: str, run_id: int, token: str, out_dir: Path, viewers: int, messages: int, rate: float
 ) -> dict:
-    from trainer.sinks import JsonlSink
+    from trainer.reporting.sinks import JsonlSink
     from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
     latencies: list[float] = []

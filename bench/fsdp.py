@@ -1,7 +1,7 @@
 """FSDP2 through accelerate: the trainer's step on N processes against one device, and its throughput scaling.
 
-What is measured, with the trainer's own pieces (:class:`trainer.packing.TokenBudgetBatcher` with
-``num_rows = world size``, :func:`trainer.packing.pack_row`, tree attention, and a loss that mirrors
+What is measured, with the trainer's own pieces (:class:`trainer.step.packing.TokenBudgetBatcher` with
+``num_rows = world size``, :func:`trainer.step.packing.pack_row`, tree attention, and a loss that mirrors
 ``AsyncGRPOTrainer.compute_loss``: each process's row loss divided by the trained tokens of the whole
 micro-batch, multiplied by the number of processes because FSDP averages gradients while the spec sums):
 
@@ -29,11 +29,11 @@ micro-batch, multiplied by the number of processes because FSDP averages gradien
    slowest rank's). ``--steps`` distinct micro-batches are run once untimed (compilation of every
    FlexAttention length bucket) and once timed; medians over the timed steps. ``scaling`` =
    tokens/s on N devices / tokens/s on one. With ``--head fused`` (the trainer's choice) both sides
-   fuse the LM head with the loss where :func:`trainer.fused_head.fused_lm_head` allows (``lm_head``
+   fuse the LM head with the loss where :func:`trainer.step.fused_head.fused_lm_head` allows (``lm_head``
    of each record); should FSDP2 end up on the model's head, a second single-device run with that
    head gives the scaling of identical computation (``scaling_same_head``).
 3. ``batch/row_imbalance`` (max / mean attention cost of a micro-batch's rows, the trainer's
-   :func:`trainer.packing.batch_metrics`, reduced by the trainer's :class:`trainer.metrics.MetricWindow`)
+   :func:`trainer.step.packing.batch_metrics`, reduced by the trainer's :class:`trainer.reporting.metrics.MetricWindow`)
    and the other ``batch/*`` values of every step are logged.
 
 ``--check-fused-head`` (one process) runs only :func:`fused_head_check`: the FSDP2-wrapped model's
@@ -96,13 +96,13 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, InitProcessGroupKwargs
 
 from bench.packing import NUM_TOP_LOGPROBS, SHAPES, WORKLOADS, Workload, build_model, make_group, time_steps
-from trainer.attention import tree_forward_kwargs, use_tree_attention
-from trainer.fused_head import HeadChoice, fused_lm_head, prime_fused_head
-from trainer.loss import LossConfig, packed_row_loss
-from trainer.metrics import MetricWindow
-from trainer.modeling import empty_row_loss
-from trainer.packing import MicroBatch, PackedRow, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
-from trainer.perf import peak_flops, training_flops
+from trainer.reporting.metrics import MetricWindow
+from trainer.reporting.perf import peak_flops, training_flops
+from trainer.step.attention import tree_forward_kwargs, use_tree_attention
+from trainer.step.fused_head import HeadChoice, fused_lm_head, prime_fused_head
+from trainer.step.loss import LossConfig, packed_row_loss
+from trainer.step.modeling import empty_row_loss
+from trainer.step.packing import MicroBatch, PackedRow, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
 
 DEFAULT_OUT = Path("bench/results/fsdp-h200x2.json")
 
@@ -594,7 +594,7 @@ def _median(values: list[float]) -> float:
 
 
 def step_flops(config, rows: list[PackedRow | None]) -> float | None:
-    """Training FLOPs (fwd + bwd, trainer.perf's estimate) of ``rows``; None when not estimable."""
+    """Training FLOPs (fwd + bwd, trainer.reporting.perf's estimate) of ``rows``; None when not estimable."""
     total = 0.0
     for row in rows:
         if row is None:

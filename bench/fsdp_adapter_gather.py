@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed.fsdp import fully_shard
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trainer.modeling import adapter_state_for_sync
+from trainer.step.modeling import adapter_state_for_sync
 
 dist.init_process_group("nccl")
 rank = dist.get_rank()

@@ -266,7 +266,7 @@ def run_worker(spec: dict) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from trainer.config import AsyncGRPOConfig
+    from trainer.config.async_grpo_config import AsyncGRPOConfig
     from trainer.tasks.arithmetic import arithmetic_rows
     from trainer.trainer import AsyncGRPOTrainer
 
@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         if core not in cores:
             raise SystemExit(f"core {core} is not available here (affinity {sorted(cores)})")
 
-    from trainer.registry import resolve_model
+    from trainer.plugins.registry import resolve_model
 
     model_dir = resolve_model("tiny")
     modes = [m.strip() for m in opts.modes.split(",") if m.strip()]

@@ -5,9 +5,9 @@ Qwen3-shaped models (bf16 weights, gradient checkpointing on) on GRPO-like workl
 ratio is set by the group size G, the shared prompt length P and the mean completion length C:
 ``ratio = G (P + C) / (P + G C)``. Three layouts of the same kind of samples are compared:
 
-* ``tree``: the trainer's path. Samples go through :class:`trainer.packing.TokenBudgetBatcher` (one
-  row, ``token_budget`` unique tokens), :func:`trainer.packing.pack_row`, the ``tree`` attention
-  backend (FlexAttention on CUDA) with ``logits_to_keep`` and :func:`trainer.loss.packed_row_loss`,
+* ``tree``: the trainer's path. Samples go through :class:`trainer.step.packing.TokenBudgetBatcher` (one
+  row, ``token_budget`` unique tokens), :func:`trainer.step.packing.pack_row`, the ``tree`` attention
+  backend (FlexAttention on CUDA) with ``logits_to_keep`` and :func:`trainer.step.loss.packed_row_loss`,
   exactly as ``AsyncGRPOTrainer.compute_loss`` runs them.
 * ``padding_free``: the same code path with nothing shared. Each sample's first token (a prompt token,
   never trained: ``loss_mask[0] == 0``) is replaced by an id unique within the row, so the prefix
@@ -46,15 +46,15 @@ import torch
 import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
-from trainer.compiled_layers import compile_decoder_layers
-from trainer.fused_head import fused_head_weight, lm_head_bypassed
-from trainer.linear_attention import install_tree_linear_attention
-from trainer.loss import LossConfig, LossOutput, packed_row_loss
-from trainer.modeling import compile_pointwise_modules
-from trainer.packing import PackedRow, TokenBudgetBatcher, pack_row
-from trainer.perf import peak_flops, training_flops
+from trainer.reporting.perf import peak_flops, training_flops
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import TREE_ATTENTION, padded_length, register_tree_attention, tree_forward_kwargs
+from trainer.step.compiled_layers import compile_decoder_layers
+from trainer.step.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.step.linear_attention import install_tree_linear_attention
+from trainer.step.loss import LossConfig, LossOutput, packed_row_loss
+from trainer.step.modeling import compile_pointwise_modules
+from trainer.step.packing import PackedRow, TokenBudgetBatcher, pack_row
 
 # Real Qwen3 shapes (tied embeddings); random init is enough for throughput.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -77,7 +77,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=151936,
     ),
     # Qwen3.5-style hybrid at the 0.6B sizes: 3 of every 4 layers gated DeltaNet (tree-aware kernels
-    # of trainer.linear_attention), the 4th full attention.
+    # of trainer.step.linear_attention), the 4th full attention.
     "hybrid-0.6b": dict(
         hidden_size=1024,
         num_hidden_layers=28,
@@ -390,7 +390,7 @@ def build_model(
 ) -> Qwen3ForCausalLM:
     """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
     told), in train mode; with ``layer_budget``, each decoder layer compiled whole under that
-    activation memory budget (:mod:`trainer.compiled_layers`) instead."""
+    activation memory budget (:mod:`trainer.step.compiled_layers`) instead."""
     torch.manual_seed(0)
     common = dict(
         tie_word_embeddings=True, max_position_embeddings=40960, attention_dropout=0.0, use_cache=False
@@ -640,7 +640,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--compile-pointwise",
         action="store_true",
-        help="torch.compile the norm and MLP blocks (trainer.modeling.compile_pointwise_modules)",
+        help="torch.compile the norm and MLP blocks (trainer.step.modeling.compile_pointwise_modules)",
     )
     parser.add_argument(
         "--check-head",

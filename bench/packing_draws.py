@@ -13,7 +13,7 @@ A draw's tokens/s per layout is its trained tokens over the summed fwd+bwd secon
 step is kept with the compilations and allocator events inside it, and ``slow_steps`` lists those
 over 1.25x their row's fastest); the ratio is tree / padding-free of the same draw. The
 report gives the mean, the standard deviation, min and max over draws of tokens/s, of the ratio
-and of the packing ratio, the MFU by :func:`trainer.perf.training_flops` (the LM head charged only
+and of the packing ratio, the MFU by :func:`trainer.reporting.perf.training_flops` (the LM head charged only
 on the positions it runs on) and peak memory.
 
 ``--breakdown`` profiles one tree step (fwd+bwd, then the optimizer) per configuration and splits
@@ -57,12 +57,12 @@ from bench.packing import (
     matmul_ceiling,
     tree_step,
 )
-from trainer.attention import TREE_ATTENTION, padded_length, register_tree_attention
-from trainer.config import CUDA_MIN_SHARED_TOKENS
-from trainer.loss import LossConfig
-from trainer.packing import PackedRow, TokenBudgetBatcher, pack_row
-from trainer.perf import head_params, matmul_params_per_token, peak_flops, training_flops
+from trainer.config.async_grpo_config import CUDA_MIN_SHARED_TOKENS
+from trainer.reporting.perf import head_params, matmul_params_per_token, peak_flops, training_flops
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import TREE_ATTENTION, padded_length, register_tree_attention
+from trainer.step.loss import LossConfig
+from trainer.step.packing import PackedRow, TokenBudgetBatcher, pack_row
 
 VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
     "default": (True, True),
@@ -70,7 +70,7 @@ VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
     "fast": (False, True),
 }
 # ``layer<budget>`` (e.g. ``layer0.3``): each decoder layer compiled whole, no HF checkpointing, the
-# compiler's partitioner recomputing under that activation memory budget (trainer.compiled_layers).
+# compiler's partitioner recomputing under that activation memory budget (trainer.step.compiled_layers).
 LAYER_PREFIX = "layer"
 
 
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "timed_steps_per_row": args.steps,
             "peak_flops": peak_flops(device, "bf16"),
             "measured_bf16_matmul_flops": matmul_ceiling(device),
-            "mfu_formula": "trainer.perf.training_flops: 6 x body params x forwarded tokens + 6 x head params x "
+            "mfu_formula": "trainer.reporting.perf.training_flops: 6 x body params x forwarded tokens + 6 x head params x "
             "head positions + 3 x attention pair FLOPs",
         },
         "summary": [],

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from controlplane.runs import services
         from controlplane.runs.models import Run, RunEvent
-        from trainer.registry import resolve_model
+        from trainer.plugins.registry import resolve_model
 
         resolve_model("tiny")  # the model cache is warm before the clock starts
         log = Path(env["GRPO_RUNS_DIR"]) / "worker.log"

@@ -12,7 +12,7 @@ from their files)::
 3. The trainer command built by ``worker/launch.py`` (``torch.distributed.run`` when 2 GPUs), and
    the same devices under ``torch.distributed.run --nproc-per-node 1``, each running this module's
    ``--probe``: every rank records ``torch.cuda.device_count()``, the UUID of its ``cuda:LOCAL_RANK``
-   and ``trainer.host.rank_layout``; the check is that each rank sees exactly its run's GPUs and that
+   and ``trainer.processes.host.rank_layout``; the check is that each rank sees exactly its run's GPUs and that
    its device is the physical GPU ``nvidia-smi`` lists under the assigned index.
 """
 
@@ -60,7 +60,7 @@ def probe(out_dir: Path) -> None:
     """One rank: what it sees, written to ``<out_dir>/rank-<RANK>.json``."""
     import torch
 
-    from trainer.host import rank_layout
+    from trainer.processes.host import rank_layout
 
     local = int(os.environ.get("LOCAL_RANK", 0))
     distributed = "RANK" in os.environ
@@ -134,7 +134,7 @@ def main() -> int:
     inventory_mod = _load("worker/inventory.py", "grpo_worker_inventory")
     launch = _load("worker/launch.py", "grpo_worker_launch")
     from controlplane.runs.placement import placement_plan
-    from trainer.resources import parse_resources
+    from trainer.config.resources import parse_resources
 
     inventory = list(inventory_mod.worker_gpus())
     smi = smi_gpus()

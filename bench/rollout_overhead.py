@@ -29,7 +29,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.config import AsyncGRPOConfig  # noqa: E402
+from trainer.config.async_grpo_config import AsyncGRPOConfig  # noqa: E402
 from trainer.rollout import AsyncRolloutLoop, start_rollout_process  # noqa: E402
 from trainer.tasks.arithmetic import arithmetic_rows  # noqa: E402
 
@@ -129,7 +129,7 @@ def through_loop(args, tokenizer, rows: list[dict]) -> dict:
                 generated += sample.num_trained_tokens
                 rollouts += 1
         elapsed = time.monotonic() - started
-        from trainer.metrics import MetricWindow
+        from trainer.reporting.metrics import MetricWindow
 
         window = MetricWindow()
         for payload in handle.drain_metrics():

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from trainer.registry import resolve_model
+    from trainer.plugins.registry import resolve_model
     from trainer.rewards import accuracy_reward
     from trainer.tasks.arithmetic import LEVELS, question_text
 

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     opts = parser.parse_args(argv)
 
-    from trainer.registry import resolve_model
+    from trainer.plugins.registry import resolve_model
 
     model_dir = resolve_model("tiny")
     workdir = Path(tempfile.mkdtemp(prefix="vllm-start-"))

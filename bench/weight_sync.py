@@ -3,7 +3,7 @@
 What runs, per model shape (random-init Qwen3 in bf16 from :data:`bench.packing.SHAPES`, no download):
 
 * the **sender** (this process, the trainer side, ``cuda:0``) uses the trainer's own code: the weights are
-  gathered by :func:`trainer.modeling.named_weights_for_sync` and ``WeightSyncClient._prepare_tensors``,
+  gathered by :func:`trainer.step.modeling.named_weights_for_sync` and ``WeightSyncClient._prepare_tensors``,
   described by :class:`~trainer.weight_sync.wire_format.TensorMeta` / ``update_info``, cut and packed lazily
   by :func:`~trainer.weight_sync.wire_format.iter_bucket_tensors` and broadcast by the trainer's
   :class:`~trainer.weight_sync.nccl.NcclSender` (``ncclBroadcast`` of ``uint8`` buckets, at most
@@ -88,7 +88,7 @@ from trainer.weight_sync.wire_format import (
     update_info,
 )
 
-# transformers and the modules built on it (bench.packing, trainer.modeling) are imported where they are
+# transformers and the modules built on it (bench.packing, trainer.step.modeling) are imported where they are
 # first needed, after the receiver is spawned: importing them takes seconds, and this way both processes
 # import them at the same time instead of one after the other.
 
@@ -403,7 +403,7 @@ def gather(model: torch.nn.Module, client: WeightSyncClient) -> list[tuple[str, 
     shards gathered) and ``WeightSyncClient.sync`` passes them through ``_prepare_tensors`` (detach,
     ``wire_dtype``). That step is private; the client is never connected and makes no HTTP call here.
     """
-    from trainer.modeling import merged_adapter, named_weights_for_sync  # late import, see top
+    from trainer.step.modeling import merged_adapter, named_weights_for_sync  # late import, see top
 
     with torch.no_grad(), merged_adapter(model):
         named = list(named_weights_for_sync(model))

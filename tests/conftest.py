@@ -57,7 +57,7 @@ if XDIST_WORKER:
 # eager's slower decoding costs less than that. The suite's shared server, on which most tests
 # train, keeps the production default (compiled).
 os.environ.setdefault("GRPO_VLLM_EXTRA_ARGS", "--enforce-eager")
-# A metric name the catalogue (trainer/metrics.py) does not declare fails where it is recorded, in
+# A metric name the catalogue (trainer/reporting/metrics.py) does not declare fails where it is recorded, in
 # this process and in every trainer and rollout process the tests start (production warns once).
 os.environ.setdefault("GRPO_STRICT_METRICS", "1")
 # Under pytest-xdist each worker has its own test database, so the claim's port check (ports held by
@@ -156,7 +156,7 @@ class DbThread:
 def acme_installed(tmp_path_factory):
     """``pip install`` of the example plugin package ``tests/plugins/acme_grpo`` (a copy: setuptools
     builds in-tree) with its real entry points; uninstalled when the module's tests are done."""
-    from trainer import registry
+    from trainer.plugins import registry
 
     src = tmp_path_factory.mktemp("plugin") / "acme_grpo"
     shutil.copytree(REPO / "tests" / "plugins" / "acme_grpo", src)
@@ -238,8 +238,8 @@ def daphne_on_test_db(
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The embedded tiny model, built once and cached under ``~/.cache/grpo/tiny`` (keyed by source hash)."""
-    from trainer.registry import cache_root
-    from trainer.tiny import ensure_tiny
+    from trainer.plugins.registry import cache_root
+    from trainer.tiny.build import ensure_tiny
 
     return Path(ensure_tiny(cache_root() / "tiny"))
 

@@ -150,8 +150,8 @@ class _Served:
 
 
 def _serve(port: int, log_path: Path, second: tuple[int, Path] | None = None) -> int:
-    from trainer.registry import cache_root
-    from trainer.tiny import ensure_tiny
+    from trainer.plugins.registry import cache_root
+    from trainer.tiny.build import ensure_tiny
 
     stop: list[bool] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trainer.attention import (
+from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import (
     TREE_ATTENTION,
     TreeMask,
     _pad_tree,
@@ -15,9 +16,8 @@ from trainer.attention import (
     tree_mask_mod,
     use_tree_attention,
 )
-from trainer.loss import LossConfig, packed_row_loss
-from trainer.packing import pack_row
-from trainer.rollout.types import TrainingSequence
+from trainer.step.loss import LossConfig, packed_row_loss
+from trainer.step.packing import pack_row
 
 VOCAB = 128
 

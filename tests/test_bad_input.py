@@ -36,8 +36,8 @@ from controlplane.runs.serializers import SafeJSONParser
 from controlplane.runs.services import ingest
 from controlplane.runs.validation import run_document_validate
 from tests.conftest import run_async
-from trainer.config import AsyncGRPOConfig
-from trainer.run_config import TOP_LEVEL_KEYS, RunConfigError, validate_run_document
+from trainer.config.async_grpo_config import AsyncGRPOConfig
+from trainer.config.run_config import TOP_LEVEL_KEYS, RunConfigError, validate_run_document
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD_REWARD = "trainer.rewards.accuracy_reward"

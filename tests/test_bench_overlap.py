@@ -16,7 +16,7 @@ import pytest
 
 from bench import overlap
 from bench.overlap import WAVE_OFFSET, LockstepRolloutLoop, _WaveGate
-from trainer.metrics import MetricWindow
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.flow import RolloutAdmission
 from trainer.rollout.loop import _Stop
 

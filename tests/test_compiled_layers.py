@@ -1,4 +1,4 @@
-"""Decoder layers compiled whole (trainer.compiled_layers, issue 32): which runs get them, that the
+"""Decoder layers compiled whole (trainer.step.compiled_layers, issue 32): which runs get them, that the
 compiled layers compute what the model computes, and that Hugging Face's checkpointing is switched
 off on them. The FlexAttention path (CUDA: the block mask built before the first layer) is measured
 on the GPU by ``python -m bench.compiled_layers`` (loss and gradients against the uncompiled model,
@@ -14,17 +14,17 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trainer.attention import use_tree_attention
-from trainer.compiled_layers import (
+from trainer.config.async_grpo_config import AsyncGRPOConfig
+from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import use_tree_attention
+from trainer.step.compiled_layers import (
     checkpointing_left_to_the_compiler,
     compile_decoder_layers,
     decoder_layers,
     layer_memory_budget,
 )
-from trainer.config import AsyncGRPOConfig
-from trainer.loss import LossConfig, packed_row_loss
-from trainer.packing import pack_row
-from trainer.rollout.types import TrainingSequence
+from trainer.step.loss import LossConfig, packed_row_loss
+from trainer.step.packing import pack_row
 
 
 def tiny_qwen3(layers: int = 2) -> Qwen3ForCausalLM:
@@ -68,7 +68,7 @@ def tree_row(seed: int = 0):
 
 
 def loss_and_grads(model, row) -> tuple[float, dict[str, torch.Tensor]]:
-    from trainer.attention import tree_forward_kwargs
+    from trainer.step.attention import tree_forward_kwargs
 
     keep, logit_rows = row.logits_to_keep()
     out = model(**tree_forward_kwargs(row, "cpu"), logits_to_keep=keep)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import AsyncGRPOConfig, config_reference_markdown
-from trainer.run_config import RunConfigError, validate_run_document
+from trainer.config.async_grpo_config import AsyncGRPOConfig, config_reference_markdown
+from trainer.config.run_config import RunConfigError, validate_run_document
 
 SPEC_DEFAULTS = {
     "dtype": "float32",

@@ -1,5 +1,5 @@
 """Every numeric field a run can set has a documented range, enforced in one place
-(``trainer/config_ranges.py``) and reported per field (issue 17 item 5)."""
+(``trainer/config/config_ranges.py``) and reported per field (issue 17 item 5)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from tests.conftest import REPO
-from trainer.config import AsyncGRPOConfig, json_kinds
-from trainer.config_ranges import FIELD_RANGES, ranges_markdown
+from trainer.config.async_grpo_config import AsyncGRPOConfig, json_kinds
+from trainer.config.config_ranges import FIELD_RANGES, ranges_markdown
 
 # The values an attacker's session found accepted and stored as queued runs.
 OUT_OF_RANGE = {
@@ -41,7 +41,7 @@ def numeric_fields() -> list[str]:
 def test_every_numeric_field_has_a_range_that_holds_its_default():
     fields = {f.name: f for f in dataclasses.fields(AsyncGRPOConfig)}
     missing = sorted(set(numeric_fields()) - set(FIELD_RANGES))
-    assert not missing, f"give these a range in trainer/config_ranges.py: {missing}"
+    assert not missing, f"give these a range in trainer/config/config_ranges.py: {missing}"
     assert not set(FIELD_RANGES) - set(fields), "a range for a field that does not exist"
     for name, bounds in FIELD_RANGES.items():
         default = fields[name].default
@@ -55,7 +55,7 @@ def test_the_readme_shows_the_ranges():
     assert start in readme and end in readme
     table = readme.split(start, 1)[1].split(end, 1)[0]
     assert table == ranges_markdown(), (
-        "regenerate README's range table: trainer.config_ranges.ranges_markdown()"
+        "regenerate README's range table: trainer.config.config_ranges.ranges_markdown()"
     )
 
 

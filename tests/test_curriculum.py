@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from controlplane.runs.validation import run_document_validate
-from trainer.config import AsyncGRPOConfig
-from trainer.metrics import CATALOGUE, CURRICULUM_LEVEL
-from trainer.registry import load_dataset_by_name
+from trainer.config.async_grpo_config import AsyncGRPOConfig
+from trainer.plugins.registry import load_dataset_by_name
+from trainer.reporting.metrics import CATALOGUE, CURRICULUM_LEVEL
 from trainer.rollout.retirement import prompt_key
 from trainer.rollout.types import RolloutGroup
 from trainer.tasks.arithmetic import LEVELS, Problem, problem_split

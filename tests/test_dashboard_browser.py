@@ -173,7 +173,7 @@ def test_chart_titles_carry_the_catalogue_help_as_tooltips(transactional_db, tmp
     from playwright.sync_api import sync_playwright
 
     from controlplane.runs.services import ingest
-    from trainer.metrics import CATALOGUE, metric
+    from trainer.reporting.metrics import CATALOGUE, metric
 
     user = get_user_model().objects.create_user(username="reader", password="s3cret-pass")
     config = {

@@ -197,7 +197,7 @@ def test_output_tailer_batches_a_fast_run_into_few_messages(tmp_path):
     import threading
 
     from controlplane.runs.models import MetricPoint
-    from trainer.sinks import JsonlSink
+    from trainer.reporting.sinks import JsonlSink
     from worker.tailer import INGEST_POLL_S, RunOutputTailer
 
     alice = make_user("alice")

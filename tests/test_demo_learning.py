@@ -46,7 +46,7 @@ import pytest
 
 from bench.demo_learning import RISE_FIRST, RISE_LAST, one_mix_document, rise, run_document, train_once
 from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_rise
-from trainer.metrics import REWARD_FUNC_MEAN, always_logged
+from trainer.reporting.metrics import REWARD_FUNC_MEAN, always_logged
 from trainer.rollout.vllm_client import ServerSettings, VLLMClient
 from trainer.weight_sync.client import server_info
 

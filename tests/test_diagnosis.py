@@ -1,4 +1,4 @@
-"""trainer.diagnosis: the spec's diagnosis tables over synthetic metric windows (no DB, no processes)."""
+"""trainer.reporting.diagnosis: the spec's diagnosis tables over synthetic metric windows (no DB, no processes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from trainer.diagnosis import TOPICS, Diagnosis, diagnose, infer_reward_range
+from trainer.reporting.diagnosis import TOPICS, Diagnosis, diagnose, infer_reward_range
 
 N = 30  # steps per synthetic window
 

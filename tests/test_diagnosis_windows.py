@@ -1,4 +1,4 @@
-"""trainer.diagnosis on recorded metric windows: one test per rule of the spec's tables.
+"""trainer.reporting.diagnosis on recorded metric windows: one test per rule of the spec's tables.
 
 tests/data/diagnosis_windows.json holds metrics.jsonl lines of recorded tiny-model runs ("recorded")
 and, per window, the metrics replaced to make its case ("set"; see the file's "about"). Each window is
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.diagnosis import Diagnosis, diagnose
-from trainer.diagnosis_words import evidence_label, evidence_labels
+from trainer.reporting.diagnosis import Diagnosis, diagnose
+from trainer.reporting.diagnosis_words import evidence_label, evidence_labels
 
 DATA = json.loads((Path(__file__).parent / "data" / "diagnosis_windows.json").read_text())
 WINDOWS = DATA["windows"]

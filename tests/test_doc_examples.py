@@ -30,8 +30,8 @@ from controlplane.runs import services
 from controlplane.runs.models import MetricPoint, Run
 from tests.conftest import PYTHON, REPO, daphne_on_test_db, subprocess_database_url
 from tests.doc_examples import KINDS, Example, commands, examples
-from trainer.resources import RESOURCE_KEYS, TRAINER_KEYS, VLLM_KEYS
-from trainer.run_config import PEFT_KEYS, TOP_LEVEL_KEYS, config_field_names, validate_run_document
+from trainer.config.resources import RESOURCE_KEYS, TRAINER_KEYS, VLLM_KEYS
+from trainer.config.run_config import PEFT_KEYS, TOP_LEVEL_KEYS, config_field_names, validate_run_document
 from worker.processes import wait_for
 
 EXAMPLES = examples()
@@ -42,7 +42,7 @@ BASE_DOCUMENT = {
     "reward_funcs": ["trainer.rewards.accuracy_reward"],
     "args": {"max_steps": 2, "max_completion_length": 64},
 }
-# Set by the control plane for each run (trainer/run_config.py refuses them in a stored document).
+# Set by the control plane for each run (trainer/config/run_config.py refuses them in a stored document).
 CONTROL_PLANE_ARGS = ("output_dir", "vllm_server_base_url")
 # The example plugin of the README, registered without packaging (GRPO_PLUGIN_MODULES).
 ACME_PATH = REPO / "tests" / "plugins" / "acme_grpo"

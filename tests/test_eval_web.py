@@ -3,7 +3,7 @@ from the training ones (``CompletionSample.split``) by the tailer and served by 
 eval metric lines that come after later steps' lines merged into their step; ``run_gate`` on an
 ``eval/*`` metric; ``eval_dataset`` validated and measured like ``train_dataset``; the worker
 resolving a hub ``eval_dataset`` and recording its commit. Real Postgres and Redis, real files as
-``trainer.sinks.JsonlSink`` writes them, the tiny model and the built-in datasets; no vLLM.
+``trainer.reporting.sinks.JsonlSink`` writes them, the tiny model and the built-in datasets; no vLLM.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from controlplane.runs.services import ingest
 from controlplane.runs.services.stream import run_group
 from tests.conftest import PYTHON, REPO
 from tests.test_run_downloads import api_for, make_run, make_user
-from trainer.run_config import RunConfigError
-from trainer.sinks import JsonlSink
+from trainer.config.run_config import RunConfigError
+from trainer.reporting.sinks import JsonlSink
 from worker.tailer import RunOutputTailer
 
 pytestmark = pytest.mark.django_db

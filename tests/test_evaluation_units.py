@@ -11,13 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from trainer.config import AsyncGRPOConfig
-from trainer.metrics import catalogue_payload, metric
+from trainer.config.async_grpo_config import AsyncGRPOConfig
+from trainer.config.run_config import DEFAULT_EVAL_SPLIT, run_document_errors, validate_run_document
+from trainer.reporting.metrics import catalogue_payload, metric
+from trainer.reporting.sinks import JsonlSink
 from trainer.rollout.evaluation import EVAL_PRIORITY, eval_metrics, eval_rows, eval_sampling
 from trainer.rollout.scoring import GroupScore
 from trainer.rollout.types import Rollout, TurnRecord
-from trainer.run_config import DEFAULT_EVAL_SPLIT, run_document_errors, validate_run_document
-from trainer.sinks import JsonlSink
 
 REWARD = "trainer.rewards.accuracy_reward"
 

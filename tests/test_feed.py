@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from trainer.feed import DroppedGroupsLimitError, RolloutFeed
-from trainer.metrics import MetricWindow
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.types import GroupResult, TrainingSequence
+from trainer.step.feed import DroppedGroupsLimitError, RolloutFeed
 from worker.log_records import failure_sentence
 
 
@@ -148,6 +148,6 @@ def test_max_dropped_groups_in_a_row_fail_the_run_in_one_sentence():
     message = str(caught.value)
     assert message.startswith("3 groups in a row were dropped (max_dropped_groups=3)")
     sentence = failure_sentence(
-        process="trainer", status="1", log_text=f"trainer.feed.DroppedGroupsLimitError: {message}"
+        process="trainer", status="1", log_text=f"trainer.step.feed.DroppedGroupsLimitError: {message}"
     )
     assert "3 groups in a row got equal rewards" in sentence and "args.max_dropped_groups (now 3" in sentence

@@ -135,7 +135,7 @@ def test_docker_compose_file_is_valid():
 
 
 def test_serve_command_has_the_spec_flags_on_cpu_and_gpu():
-    from trainer.serve import build_serve_command
+    from trainer.processes.serve import build_serve_command
 
     cpu = build_serve_command("/m", port=8123, gpu=False, extra=["--enable-lora", "--max-lora-rank", "8"])
     argv = " ".join(cpu.argv)

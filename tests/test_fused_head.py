@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-import trainer.fused_head as fused_head
-from trainer.attention import tree_forward_kwargs, use_tree_attention
-from trainer.fused_head import fused_head_weight, lm_head_bypassed
-from trainer.loss import LossConfig, packed_row_loss, token_logprobs, token_logprobs_from_hidden
-from trainer.packing import pack_row
+import trainer.step.fused_head as fused_head
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import tree_forward_kwargs, use_tree_attention
+from trainer.step.fused_head import fused_head_weight, lm_head_bypassed
+from trainer.step.loss import LossConfig, packed_row_loss, token_logprobs, token_logprobs_from_hidden
+from trainer.step.packing import pack_row
 
 
 def _both(chunk_bytes: int | None, monkeypatch, dtype=torch.float64, candidates: bool = True):

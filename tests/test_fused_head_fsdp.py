@@ -1,4 +1,4 @@
-"""The fused LM head's FSDP2 path of :func:`trainer.fused_head.fused_lm_head`, in one process.
+"""The fused LM head's FSDP2 path of :func:`trainer.step.fused_head.fused_lm_head`, in one process.
 
 The real FSDP2 runs (gloo, one and two processes) are in ``tests/test_bench_fsdp.py``. Here the
 model is plain and only declared FSDP2-managed, to test the choice made on the watched forward that
@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import trainer.fused_head as fused_head
+import trainer.step.fused_head as fused_head
 from tests.test_fused_head import _tiny_qwen3
-from trainer.attention import tree_forward_kwargs
-from trainer.fused_head import fused_lm_head
-from trainer.loss import LossConfig, packed_row_loss
-from trainer.packing import PackedRow, pack_row
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import tree_forward_kwargs
+from trainer.step.fused_head import fused_lm_head
+from trainer.step.loss import LossConfig, packed_row_loss
+from trainer.step.packing import PackedRow, pack_row
 
 CPU = torch.device("cpu")
 

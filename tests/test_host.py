@@ -1,4 +1,4 @@
-"""The CPU trainer's share of a host it shares with a local vLLM server (``trainer/host.py``)."""
+"""The CPU trainer's share of a host it shares with a local vLLM server (``trainer/processes/host.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from trainer.host import THREADS_ENV, share_cpu_with_local_server
+from trainer.processes.host import THREADS_ENV, share_cpu_with_local_server
 
 
 @pytest.fixture(autouse=True)

@@ -53,7 +53,7 @@ def test_snapshots_resolve_offline_to_their_commit_and_failures_are_words(hub_ca
     """In a subprocess: huggingface_hub reads its cache location and offline switch at import."""
     script = """
 import json
-from trainer.hub import HubError, resolve_snapshot
+from trainer.plugins.hub import HubError, resolve_snapshot
 out = {}
 for repo, kind, rev in [("acme/tiny-qwen3", "model", None), ("acme/sums", "dataset", "main"),
                         ("acme/missing", "model", None), ("acme/tiny-qwen3", "model", "v9")]:
@@ -134,7 +134,7 @@ def test_hub_ids_outside_the_allowlists_are_refused_naming_the_setting(settings)
 )
 def test_a_hub_id_is_the_whole_string_by_the_hubs_own_rules(repo_id):
     """Issue 29 item 6: ``$`` let a trailing newline through, and names the hub refuses passed."""
-    from trainer.hub import is_hub_id, valid_revision
+    from trainer.plugins.hub import is_hub_id, valid_revision
 
     assert not is_hub_id(repo_id)
     assert is_hub_id("Qwen/Qwen3-0.6B") and is_hub_id("trl-lib/DeepMath-103K") and is_hub_id("a/b_")

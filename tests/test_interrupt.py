@@ -15,7 +15,7 @@ import pytest
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEvent, RunStatus
 from tests.test_runs_api import api_for, good_config, make_user
-from trainer.interrupt import (
+from trainer.processes.interrupt import (
     interrupt_clear,
     interrupt_request,
     interrupt_requested,

@@ -28,10 +28,10 @@ from controlplane.runs.placement import placement_plan
 from controlplane.runs.validation import CONTROLLED_ARGS, RESUME_ARGS
 from controlplane.runs.worker_hosts import worker_host_register
 from tests.test_runs_api import api_for, make_user
-from trainer.resources import parse_resources
-from trainer.run_config import RunConfigError, validate_run_document
-from trainer.run_lengths import run_prompt_lengths
-from trainer.run_schema import FIELDS
+from trainer.config.resources import parse_resources
+from trainer.config.run_config import RunConfigError, validate_run_document
+from trainer.config.run_lengths import run_prompt_lengths
+from trainer.config.run_schema import FIELDS
 from worker.launch import vllm_placement_flags
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +59,7 @@ def refused(document: dict) -> dict[str, str]:
 
 @pytest.fixture
 def tiny_dir() -> str:
-    from trainer.tiny import current_builds
+    from trainer.tiny.build import current_builds
 
     builds = current_builds(0)
     assert builds, "no build of the tiny model's sources (tests/test_tiny.py says how to rebuild)"
@@ -141,7 +141,7 @@ def test_the_trainers_own_config_rules_are_refused_by_field():
     assert "args.save_strategy" in refused(doc(max_completion_length=64, save_strategy="best"))
     assert "args.fsdp" in refused(doc(max_completion_length=64, fsdp="full_shard"))
     env_only = {"model": "tiny", "environment_factory": "acme.Env", "reward_funcs": [REWARD]}
-    from trainer.run_config import run_document_errors
+    from trainer.config.run_config import run_document_errors
 
     assert "args.max_steps" in run_document_errors(env_only)
 
@@ -349,7 +349,7 @@ DOCUMENTS = st.fixed_dictionaries(
 
 @functools.cache
 def _dataset(name: str):
-    from trainer.registry import load_dataset_by_name
+    from trainer.plugins.registry import load_dataset_by_name
 
     return load_dataset_by_name(name)
 
@@ -370,12 +370,12 @@ def test_a_document_the_validation_accepts_passes_the_trainers_and_the_launchs_c
         event("refused: " + ", ".join(sorted(exc.errors))[:60])
         return
     event("accepted")
-    from trainer.registry import resolve_callable
+    from trainer.plugins.registry import resolve_callable
     from trainer.trainer import AsyncGRPOTrainer
 
     with process_state_kept():
         spec = validate_run_document(document, output_dir=str(tmp_path / "out"))
-        # as trainer.cli.build_trainer builds it from the worker's launch document (the model's local
+        # as trainer.processes.cli.build_trainer builds it from the worker's launch document (the model's local
         # directory), with the dataset loaded once per test process
         trainer = AsyncGRPOTrainer(
             model=tiny_dir,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.runs.validation import local_sources_errors, run_document_validate
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 ROW = '{"prompt": "1+1", "solution": "2"}\n'
 

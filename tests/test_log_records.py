@@ -1,6 +1,6 @@
 """The trainer log's "log" events: whole records, tracebacks kept whole, httpx request lines left out.
 
-Unit tests of worker.log_records on log text as trainer/cli.py's format writes it, and the supervisor's
+Unit tests of worker.log_records on log text as trainer/processes/cli.py's format writes it, and the supervisor's
 log event over a real child process that logs like the trainer (real Postgres).
 """
 

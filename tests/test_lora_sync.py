@@ -162,8 +162,8 @@ def _policy_logprobs(model, ids: list[int], out: list[int]) -> torch.Tensor:
 def test_published_adapters_are_served_exactly_and_retire_with_the_window(
     lora_server, tiny_model_dir, tmp_path
 ):
-    from trainer.modeling import adapter_state_for_sync
     from trainer.rollout.pinning import lora_adapter_name
+    from trainer.step.modeling import adapter_state_for_sync
 
     publisher = LoraPublisher(
         lora_server.base_url,
@@ -207,8 +207,8 @@ def test_published_adapters_are_served_exactly_and_retire_with_the_window(
 def test_request_for_an_adapter_unloaded_mid_flight_retries_on_the_current_one(
     lora_server, tiny_model_dir, tmp_path
 ):
-    from trainer.modeling import adapter_state_for_sync
     from trainer.rollout.vllm_client import SamplingSettings, VLLMClient
+    from trainer.step.modeling import adapter_state_for_sync
 
     publisher = LoraPublisher(
         lora_server.base_url,
@@ -332,7 +332,7 @@ def test_lora_server_too_small_for_the_staleness_window_is_refused(lora_server, 
 
 def _tree_logprobs(model, ids: list[int], out: list[int]) -> torch.Tensor:
     """The trained model's logprobs of ``out`` after ``ids`` (it runs with tree attention)."""
-    from trainer.attention import sequence_forward_kwargs
+    from trainer.step.attention import sequence_forward_kwargs
 
     with torch.no_grad():
         logp = model(**sequence_forward_kwargs(ids + out, backend="sdpa")).logits.log_softmax(-1)[0]

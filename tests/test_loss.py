@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from trainer.loss import LossConfig, TokenLogprobs, grpo_loss, packed_row_loss, token_logprobs
-from trainer.packing import pack_row
 from trainer.rollout.types import TrainingSequence
+from trainer.step.loss import LossConfig, TokenLogprobs, grpo_loss, packed_row_loss, token_logprobs
+from trainer.step.packing import pack_row
 
 CLIPPED = LossConfig(
     score_centering=False, epsilon_low=0.2, epsilon_high=0.28, is_clip_min=0.5, is_clip_max=5.0
@@ -266,7 +266,7 @@ def test_packed_row_loss_end_to_end():
 
 
 def test_from_args_and_missing_top_logprobs():
-    from trainer.config import AsyncGRPOConfig
+    from trainer.config.async_grpo_config import AsyncGRPOConfig
 
     args = AsyncGRPOConfig(
         output_dir="/tmp/unused", epsilon=0.1, epsilon_high=0.3, temperature=0.8, use_cpu=True, bf16=False
@@ -292,7 +292,7 @@ def test_from_args_and_missing_top_logprobs():
 
 
 def test_chunked_normaliser_matches_one_chunk(monkeypatch):
-    import trainer.loss as loss_module
+    import trainer.step.loss as loss_module
 
     torch.manual_seed(4)
     logits = torch.randn(7, 11, requires_grad=True)

@@ -226,7 +226,7 @@ def test_sigterm_during_the_first_tiny_build_stops_within_20_s(stack_factory, tm
     took = stack.wait_all_gone()
     assert took <= STOP_WITHIN_S, f"everything gone only after {took:.1f} s"
     # Interrupted before it finished: the model directory was never written (builds are atomic).
-    from trainer.tiny import source_hash
+    from trainer.tiny.build import source_hash
 
     assert not (building / source_hash()[:16]).exists()
 

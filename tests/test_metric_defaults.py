@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.metrics import MetricWindow, counts_in, fill_absent
+from trainer.reporting.metrics import MetricWindow, counts_in, fill_absent
 
 
 def test_counts_without_events_are_zero_and_tool_frequency_is_nan():

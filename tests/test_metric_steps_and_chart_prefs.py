@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from controlplane.runs.models import ChartPreference, MetricPoint, MetricStep, Run
 from controlplane.runs.services import ingest
 from tests.test_run_downloads import api_for
-from trainer.sinks import METRICS_FILE, JsonlSink
+from trainer.reporting.sinks import METRICS_FILE, JsonlSink
 from worker.tailer import RunOutputTailer
 
 pytestmark = pytest.mark.django_db

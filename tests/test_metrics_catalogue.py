@@ -1,4 +1,4 @@
-"""The metric catalogue (trainer/metrics.py): one declaration per metric, the window rules read from
+"""The metric catalogue (trainer/reporting/metrics.py): one declaration per metric, the window rules read from
 it, undeclared names (strict in tests, a one-time warning in production), producers using its names,
 and docs/metrics.md generated from it."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import metrics
-from trainer.metrics import (
+from trainer.reporting import metrics
+from trainer.reporting.metrics import (
     CATALOGUE,
     REDUCTIONS,
     MetricWindow,
@@ -94,7 +94,7 @@ def test_undeclared_name_keeps_working_in_production_with_one_warning(monkeypatc
     """A user's plugin logging its own metric: reduced by the spec's naming rule, warned about once."""
     monkeypatch.setenv(metrics.STRICT_ENV, "0")
     window = MetricWindow()
-    with caplog.at_level(logging.WARNING, logger="trainer.metrics"):
+    with caplog.at_level(logging.WARNING, logger="trainer.reporting.metrics"):
         for value in (1, 2, 3):
             window.add("my_plugin/hit_count", value)
             window.add("my_plugin/score", value)
@@ -115,7 +115,7 @@ def test_producers_use_the_catalogue_names():
     names = {name for name, m in CATALOGUE.items() if "/" in name and not m.templated}
     offenders = {}
     for path in sorted((REPO / "trainer").rglob("*.py")):
-        if path.name == "metrics.py" and path.parent.name == "trainer":
+        if path.name == "metrics.py" and path.parent.name == "reporting":
             continue
         found = _string_constants(path) & names
         if found:

@@ -18,11 +18,11 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
-from trainer.attention import sequence_forward_kwargs, tree_forward_kwargs
-from trainer.linear_attention import CONV_FUNCTION, DELTA_RULE_FUNCTION, linear_attention_modules
-from trainer.modeling import check_supported_architecture, load_policy
-from trainer.packing import pack_row
 from trainer.rollout.types import TrainingSequence
+from trainer.step.attention import sequence_forward_kwargs, tree_forward_kwargs
+from trainer.step.linear_attention import CONV_FUNCTION, DELTA_RULE_FUNCTION, linear_attention_modules
+from trainer.step.modeling import check_supported_architecture, load_policy
+from trainer.step.packing import pack_row
 
 SMALL = dict(vocab_size=48, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 
@@ -251,7 +251,7 @@ def _tiny_vlm_dir(tmp_path) -> str:
 
 
 def test_vision_language_checkpoint_trains_its_text_model_only(tmp_path):
-    from trainer.modeling import named_weights_for_sync
+    from trainer.step.modeling import named_weights_for_sync
 
     model = load_policy(_tiny_vlm_dir(tmp_path), _args())
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"  # the image-text auto class
@@ -268,7 +268,7 @@ def test_vision_language_checkpoint_trains_its_text_model_only(tmp_path):
 def test_lora_on_a_vision_language_checkpoint_stays_in_the_language_model(tmp_path):
     from peft import LoraConfig
 
-    from trainer.modeling import wrap_peft
+    from trainer.step.modeling import wrap_peft
 
     model = wrap_peft(
         load_policy(_tiny_vlm_dir(tmp_path), _args()), LoraConfig(r=4, target_modules="all-linear")
@@ -286,8 +286,8 @@ def test_prompts_with_images_are_refused(tmp_path):
     from datasets import Dataset
 
     from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
-    from trainer.chat_template import check_text_only
     from trainer.rewards import accuracy_reward
+    from trainer.tiny.chat_template import check_text_only
 
     check_text_only([{"role": "user", "content": "plain text"}], "row 0")
     check_text_only([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "row 0")

@@ -12,7 +12,7 @@ from django.utils import timezone
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunNode, RunNodeStatus
 from controlplane.runs.placement import Unplaceable, Waiting, node_plan
-from trainer.resources import parse_resources, resources_errors
+from trainer.config.resources import parse_resources, resources_errors
 from worker.launch import Rendezvous, trainer_command
 
 

@@ -1,5 +1,5 @@
 """The trainer reports through files; the supervisor's tailer stores them (no database in the
-trainer). Real Postgres, real files as ``trainer.sinks.JsonlSink`` writes them; no vLLM."""
+trainer). Real Postgres, real files as ``trainer.reporting.sinks.JsonlSink`` writes them; no vLLM."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from controlplane.runs.models import CompletionSample, MetricPoint, Run, RunFileCursor
-from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE, JsonlSink
+from trainer.reporting.sinks import COMPLETIONS_FILE, METRICS_FILE, JsonlSink
 from worker.processes import CONTROL_PLANE_ENV, child_environment
 from worker.tailer import RunOutputTailer
 

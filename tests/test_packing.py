@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from trainer.metrics import MetricWindow
-from trainer.packing import PackedRow, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.types import TrainingSequence
+from trainer.step.packing import PackedRow, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
 
 P1, P2, P3, A1, A2, B1, B2 = 11, 12, 13, 21, 22, 31, 32
 
@@ -266,7 +266,7 @@ def test_batcher_new_groups_fill_rows_within_budget():
 
 def test_batcher_drops_oversize_samples(caplog):
     batcher = TokenBudgetBatcher(token_budget=5, num_rows=2)
-    with caplog.at_level(logging.WARNING, logger="trainer.packing"):
+    with caplog.at_level(logging.WARNING, logger="trainer.step.packing"):
         assert batcher.add(seq(list(range(1, 7)), 1, rid="long")) == []
     assert "token_budget=5" in caplog.text and "long" in caplog.text
     assert batcher.dropped_oversize_count == 1 and batcher.num_pending_samples == 0

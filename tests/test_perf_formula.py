@@ -9,11 +9,11 @@ from transformers import Qwen3Config
 
 from bench.packing import SHAPES, WORKLOADS, build_model
 from bench.packing_draws import breakdown, draw_samples, padding_free_rows, slow_steps, step_events, time_row
-from trainer.config import AsyncGRPOConfig, compile_by_default
-from trainer.loss import LossConfig
-from trainer.packing import TokenBudgetBatcher, pack_row
-from trainer.perf import head_params, matmul_params_per_token, training_flops
+from trainer.config.async_grpo_config import AsyncGRPOConfig, compile_by_default
+from trainer.reporting.perf import head_params, matmul_params_per_token, training_flops
 from trainer.rollout.types import TrainingSequence
+from trainer.step.loss import LossConfig
+from trainer.step.packing import TokenBudgetBatcher, pack_row
 
 CONFIG = Qwen3Config(**{**SHAPES["tiny"], "vocab_size": 1000})  # the bench's CPU shape
 

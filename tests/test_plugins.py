@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from controlplane.runs import services
 from controlplane.runs.models import MetricPoint, Run, RunStatus
-from trainer import registry
+from trainer.plugins import registry
 from worker.processes import wait_for
 
 EXACT = "acme_grpo.rewards.exact_answer"
@@ -171,8 +171,8 @@ def _loop_doc(loop_cls) -> dict:
 def test_loop_cls_in_the_run_document_gives_the_trainer_that_loop(tiny_model_dir, tmp_path):
     """RUN.yaml's ``loop_cls`` is the spec's trainer subclass with ``loop_cls`` set (CLI path)."""
     from tests.rollout_loops import RecordingRolloutLoop
-    from trainer.cli import build_trainer
-    from trainer.run_config import RunConfigError, validate_run_document
+    from trainer.config.run_config import RunConfigError, validate_run_document
+    from trainer.processes.cli import build_trainer
 
     spec = validate_run_document(
         _loop_doc("tests.rollout_loops.RecordingRolloutLoop"), output_dir=str(tmp_path)

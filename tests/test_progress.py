@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from trainer.progress import RunProgressCallback, slowing_note
+from trainer.reporting.progress import RunProgressCallback, slowing_note
 
 
 def test_slowing_is_said_only_when_steps_slowed_and_most_groups_were_dropped():

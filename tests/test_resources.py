@@ -14,8 +14,8 @@ from controlplane.runs import services
 from controlplane.runs.placement import Unplaceable, Waiting, placement_plan
 from controlplane.runs.validation import run_document_validate
 from controlplane.runs.worker_hosts import worker_host_register
-from trainer.resources import parse_resources, resources_errors
-from trainer.run_config import RunConfigError, validate_run_document
+from trainer.config.resources import parse_resources, resources_errors
+from trainer.config.run_config import RunConfigError, validate_run_document
 from worker.inventory import parse_gpu_list
 from worker.launch import vllm_placement_flags
 

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from trainer.metrics import ROLLOUT_RETIRED_FRACTION, ROLLOUT_RETIRED_PROMPTS, MetricWindow
+from trainer.processes.rollout_state import read_retired_rows, read_rollout_state, write_rollout_state
+from trainer.reporting.metrics import ROLLOUT_RETIRED_FRACTION, ROLLOUT_RETIRED_PROMPTS, MetricWindow
 from trainer.rollout.retirement import PromptRetirement, is_saturated, prompt_key
 from trainer.rollout.types import GroupResult
-from trainer.rollout_state import read_retired_rows, read_rollout_state, write_rollout_state
 
 SAME = np.array([1.0, 1.0, 1.0, 1.0])
 VARIED = np.array([0.0, 1.0, 0.0, 1.0])
@@ -100,8 +100,8 @@ def test_a_resume_keeps_the_retired_prompts(tmp_path):
 
 
 def test_the_trainer_feed_keeps_what_the_results_retire_and_restore():
-    from trainer.feed import RolloutFeed
     from trainer.rollout.flow import StalenessPolicy
+    from trainer.step.feed import RolloutFeed
 
     feed = RolloutFeed(
         next_group=None,
@@ -121,8 +121,8 @@ def test_the_trainer_feed_keeps_what_the_results_retire_and_restore():
 
 
 def test_the_field_is_an_optional_positive_integer_of_the_run_document():
-    from trainer.config import AsyncGRPOConfig
-    from trainer.run_config import run_document_errors
+    from trainer.config.async_grpo_config import AsyncGRPOConfig
+    from trainer.config.run_config import run_document_errors
 
     def errors(value) -> dict[str, str]:
         doc = {

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from trainer import AsyncGRPOConfig
-from trainer.metrics import MetricWindow
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout import AsyncRolloutLoop, start_rollout_process
 from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.scoring import standardize

@@ -62,7 +62,7 @@ def test_any_start_up_error_of_the_child_is_reported(tmp_path):
 # "died unexpectedly ... without reporting an error".
 STDIN_SCRIPT = """
 import time
-from trainer.config import AsyncGRPOConfig
+from trainer.config.async_grpo_config import AsyncGRPOConfig
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.process import start_rollout_process
 {reward}

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from trainer.metrics import MetricWindow
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.flow import ConcurrencyController, StalenessGate
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.multiturn import reconcile_turns, run_tool_calls

@@ -18,7 +18,7 @@ import pytest
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from tests.conftest import daphne_on_test_db
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from django.test import Client
 from controlplane.runs import services
 from controlplane.runs.models import Run
 from controlplane.runs.selectors import MAIN_ARGS, main_arg_defaults
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""The run schema (trainer/run_schema.py): one table of what ``args`` may set, checked without
+"""The run schema (trainer/config/run_schema.py): one table of what ``args`` may set, checked without
 transformers, equal to AsyncGRPOConfig's fields and to the installed TrainingArguments (issue 20)."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ import typing
 import pytest
 
 from tests.conftest import REPO
-from trainer import run_schema, training_args_fields
-from trainer.config import AsyncGRPOConfig, json_kinds
-from trainer.config import training_args_fields as generated_fields
-from trainer.run_config import RunConfigError, run_document_errors, validate_run_document
+from trainer.config import run_schema, training_args_fields
+from trainer.config.async_grpo_config import AsyncGRPOConfig, json_kinds
+from trainer.config.async_grpo_config import training_args_fields as generated_fields
+from trainer.config.run_config import RunConfigError, run_document_errors, validate_run_document
 
 GOOD = {"model": "tiny", "train_dataset": "arithmetic", "reward_funcs": ["trainer.rewards.accuracy_reward"]}
 
 
 def test_the_committed_training_args_fields_are_current():
-    """Fails when transformers changed: regenerate with trainer.config.write_training_args_fields()."""
+    """Fails when transformers changed: regenerate with trainer.config.async_grpo_config.write_training_args_fields()."""
     assert generated_fields() == training_args_fields.TRAINING_ARGS_FIELDS, (
-        "regenerate trainer/training_args_fields.py: "
-        "python -c 'from trainer.config import write_training_args_fields as w; w()' && ruff format"
+        "regenerate trainer/config/training_args_fields.py: "
+        "python -c 'from trainer.config.async_grpo_config import write_training_args_fields as w; w()' && ruff format"
     )
 
 
@@ -47,8 +47,9 @@ def test_the_schema_has_every_config_field_with_its_default_and_json_type():
 def test_validating_a_document_imports_no_transformers():
     code = (
         "import json, sys\n"
-        "from trainer.run_config import run_document_errors\n"
-        "from trainer import diagnosis, run_schema\n"
+        "from trainer.config.run_config import run_document_errors\n"
+        "from trainer.config import run_schema\n"
+        "from trainer.reporting import diagnosis\n"
         "errors = run_document_errors(json.loads(sys.argv[1]))\n"
         "heavy = sorted(m for m in ('transformers', 'torch', 'accelerate') if m in sys.modules)\n"
         "print(json.dumps({'errors': errors, 'heavy': heavy}))\n"
@@ -114,7 +115,7 @@ def test_the_web_validates_a_document_without_transformers():
         "import json, sys, django\n"
         "django.setup()\n"
         "from controlplane.runs import api, forms, selectors, serializers, services, views\n"
-        "from trainer.run_config import RunConfigError\n"
+        "from trainer.config.run_config import RunConfigError\n"
         "try:\n"
         "    services.run_config_validate(config=json.loads(sys.argv[1]))\n"
         "except RunConfigError as exc:\n"

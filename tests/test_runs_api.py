@@ -65,7 +65,7 @@ def test_registry_lists_names_and_spec_defaults(alice):
 
 
 def test_metric_catalogue_endpoint_lists_every_declaration(alice):
-    from trainer.metrics import CATALOGUE, NAMESPACES
+    from trainer.reporting.metrics import CATALOGUE, NAMESPACES
 
     body = api_for(alice).get("/api/v1/metrics/catalogue/").json()
     assert body["namespaces"] == list(NAMESPACES)
@@ -432,7 +432,7 @@ def test_demo_run_uses_registry_names_and_is_reused():
 def test_output_tailer_stores_the_sink_files_and_survives_refused_lines(tmp_path):
     """What the trainer's default sink writes, read back by the supervisor's tailer."""
     from controlplane.runs.models import Checkpoint
-    from trainer.sinks import JsonlSink
+    from trainer.reporting.sinks import JsonlSink
     from worker.tailer import RunOutputTailer
 
     owner = make_user("trainer-owner")

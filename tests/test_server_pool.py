@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.metrics import MetricWindow
-from trainer.resources import parse_resources, resources_errors
+from trainer.config.resources import parse_resources, resources_errors
+from trainer.config.run_schema import args_errors
+from trainer.processes.server_checks import server_urls
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.server_pool import VLLMServerPool, combined_load, combined_settings, server_label
 from trainer.rollout.vllm_client import ServerLoad, ServerSettings, VLLMClient, VLLMRequestError
-from trainer.run_schema import args_errors
-from trainer.server_checks import server_urls
 
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8001"
 

@@ -18,14 +18,14 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import REPO
-from trainer.diagnosis import diagnose
-from trainer.feed import RolloutFeed
-from trainer.metrics import MetricWindow
+from trainer.reporting.diagnosis import diagnose
+from trainer.reporting.metrics import MetricWindow
 from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.flow import ConcurrencyController, RolloutAdmission, StalenessGate, StalenessPolicy
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.process import start_rollout_process
 from trainer.rollout.types import GroupResult, TrainingSequence
+from trainer.step.feed import RolloutFeed
 
 
 # --- the rule -------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_policy_comes_from_the_config():
 
 def test_diagnosis_imports_the_policy_without_torch_or_the_http_client():
     code = (
-        "import sys, trainer.diagnosis; "
+        "import sys, trainer.reporting.diagnosis; "
         "print(sorted(m for m in ('torch', 'aiohttp', 'httpx', 'numpy') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunEvent, RunEventKind
-from trainer.host import RANKS_FILE
+from trainer.processes.host import RANKS_FILE
 from worker.processes import ManagedProcess
 from worker.supervisor import RunSupervisor
 
@@ -107,7 +107,7 @@ def test_trainer_ranks_are_recorded_on_the_poll_after_a_dead_connection(watched)
 @pytest.mark.django_db(transaction=True)
 def test_output_ingest_waits_out_a_dead_connection_and_stores_each_step_once(watched):
     from controlplane.runs.models import MetricPoint, RunFileCursor
-    from trainer.sinks import METRICS_FILE, JsonlSink
+    from trainer.reporting.sinks import METRICS_FILE, JsonlSink
 
     watched.tailer.output_dir = watched.out
     sink = JsonlSink(watched.out)

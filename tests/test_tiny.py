@@ -14,16 +14,16 @@ import re
 import pytest
 
 from trainer.builtin_tools import ARITHMETIC_TOOLS, add, multiply, subtract
-from trainer.chat_template import (
+from trainer.rewards import accuracy_reward
+from trainer.tasks.arithmetic import LEVELS, Problem, arithmetic_rows, problem_split
+from trainer.tiny.build import BUILD_REPORT, read_build_report, source_hash
+from trainer.tiny.chat_template import (
     TOOL_CALL_END,
     TOOL_CALL_START,
     assistant_message_from_text,
     format_tool_call,
     parse_tool_calls,
 )
-from trainer.rewards import accuracy_reward
-from trainer.tasks.arithmetic import LEVELS, Problem, arithmetic_rows, problem_split
-from trainer.tiny import BUILD_REPORT, read_build_report, source_hash
 
 BOXED = re.compile(r"^\\boxed\{-?\d+\}$")
 
@@ -84,7 +84,7 @@ def test_build_report_is_current_and_in_band(tiny_model_dir):
 
 
 def test_build_is_cached(tiny_model_dir):
-    from trainer.tiny import build_tiny
+    from trainer.tiny.build import build_tiny
 
     before = (tiny_model_dir / "model.safetensors").stat().st_mtime_ns
     report = build_tiny(tiny_model_dir)  # same sources and seed: returns the stored report
@@ -230,8 +230,8 @@ def test_arithmetic_rows_are_deterministic_and_split():
 
 
 def test_shipped_build_is_current():
-    """The package ships the build of its own sources; edit tiny.py & co. and this says how to redo it."""
-    from trainer.tiny import PREBUILT_DIR
+    """The package ships the build of its own sources; edit tiny/build.py & co. and this says how to redo it."""
+    from trainer.tiny.build import PREBUILT_DIR
 
     report = read_build_report(PREBUILT_DIR)
     assert report is not None and report["source_hash"] == source_hash() and report["seed"] == 0, (
@@ -253,7 +253,7 @@ def test_cli_copies_the_shipped_build_into_a_new_outdir(tmp_path):
     import sys
 
     from tests.conftest import REPO
-    from trainer.tiny import PREBUILT_DIR
+    from trainer.tiny.build import PREBUILT_DIR
 
     out = tmp_path / "model"
     env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "empty-cache")}
@@ -271,7 +271,7 @@ def test_cli_copies_a_cached_build_when_the_shipped_one_is_off(tmp_path):
     import sys
 
     from tests.conftest import REPO
-    from trainer.tiny import PREBUILT_DIR, PREBUILT_ENV
+    from trainer.tiny.build import PREBUILT_DIR, PREBUILT_ENV
 
     cache = tmp_path / "cache"
     cached = cache / "tiny" / source_hash()[:16]
@@ -294,7 +294,7 @@ def test_a_short_build_from_scratch_saves_and_reloads(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.tiny import build_model, build_tokenizer, warm_start
+    from trainer.tiny.build import build_model, build_tokenizer, warm_start
 
     tokenizer = build_tokenizer(seed=0)
     model = build_model(tokenizer, seed=0)

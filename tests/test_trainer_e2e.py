@@ -20,8 +20,8 @@ from datasets import Dataset
 
 from tests.conftest import REPO
 from trainer import AsyncGRPOConfig, AsyncGRPOTrainer
+from trainer.reporting.sinks import JsonlSink, Sink, jsonable
 from trainer.rewards import accuracy_reward
-from trainer.sinks import JsonlSink, Sink, jsonable
 from trainer.tasks.arithmetic import arithmetic_rows
 
 pytestmark = pytest.mark.vllm
@@ -52,7 +52,7 @@ def _config(server, output_dir: Path, **overrides) -> AsyncGRPOConfig:
 
 
 class RecordingSink:
-    """A user's sink (the trainer.sinks.Sink protocol): what it was given, as the JSONL sink writes it."""
+    """A user's sink (the trainer.reporting.sinks.Sink protocol): what it was given, as the JSONL sink writes it."""
 
     def __init__(self) -> None:
         self.metric_rows: list[tuple[int, dict]] = []
@@ -317,7 +317,7 @@ def test_lora_adapter_is_merged_and_synced(vllm_server, tiny_model_dir, tmp_path
         torch.testing.assert_close(dict(trainer.model.named_parameters())[name].detach(), before, msg=name)
     # ... and the adapter changes the policy by far more than the 1e-3 above, so a sync that sent the
     # base weights alone would have failed that check
-    from trainer.attention import sequence_forward_kwargs
+    from trainer.step.attention import sequence_forward_kwargs
 
     inputs = sequence_forward_kwargs(
         trainer.processing_class("What is 12 + 30?")["input_ids"], backend="sdpa"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.runs.validation import run_document_validate
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 
 def _doc(**args) -> dict:

@@ -30,7 +30,7 @@ from django.contrib.auth import get_user_model
 from controlplane.runs import services
 from controlplane.runs.models import Checkpoint, CompletionSample, MetricPoint, Run, RunFileCursor, RunStatus
 from tests.conftest import SESSION_SERVERS_ENV, start_celery_worker
-from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
+from trainer.reporting.sinks import COMPLETIONS_FILE, METRICS_FILE
 from worker.processes import descendants, group_members, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # not `faults`: it restarts no shared service

@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trainer import spawn_startup as _spawn_startup
+from trainer.processes import spawn_startup as _spawn_startup
 
 _EXPORTS = {
-    "AsyncGRPOConfig": "trainer.config",
+    "AsyncGRPOConfig": "trainer.config.async_grpo_config",
     "AsyncGRPOTrainer": "trainer.trainer",
     "AsyncRolloutLoop": "trainer.rollout.loop",
     "Rollout": "trainer.rollout.types",
@@ -27,7 +27,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 # A spawned rollout process re-imports the user's script, which imports this package: from here on
-# an error of that start-up phase reaches the trainer's failure message (trainer/spawn_startup.py).
+# an error of that start-up phase reaches the trainer's failure message (trainer/processes/spawn_startup.py).
 _spawn_startup.record_startup_errors()
 
 

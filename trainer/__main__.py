@@ -18,7 +18,7 @@ def _tiny(argv: list[str]) -> int:
     import argparse
     import json
 
-    from trainer.tiny import build_tiny
+    from trainer.tiny.build import build_tiny
 
     parser = argparse.ArgumentParser(
         prog="python -m trainer tiny", description="Write the embedded tiny model."
@@ -41,11 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "tiny":
         return _tiny(rest)
     if command == "serve":
-        from trainer.serve import main as serve_main
+        from trainer.processes.serve import main as serve_main
 
         return serve_main(rest)
     if command == "train":
-        from trainer.cli import train_main
+        from trainer.processes.cli import train_main
 
         return train_main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

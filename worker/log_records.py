@@ -1,6 +1,6 @@
 """The trainer's log cut into whole records for the run's "log" events (the supervisor's log tail).
 
-The trainer logs with ``trainer/cli.py``'s format, ``2026-01-02 03:04:05,678 LEVEL name: message``;
+The trainer logs with ``trainer/processes/cli.py``'s format, ``2026-01-02 03:04:05,678 LEVEL name: message``;
 a record is such a line with what belongs to it: indented lines and a Python traceback (from
 ``Traceback (most recent call last):`` through its exception line, chained tracebacks included).
 Lines without the header (a ``print``, a progress bar) are records of their own. The log file keeps

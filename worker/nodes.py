@@ -38,7 +38,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane.runs import services
 from controlplane.runs.models import Run, RunStatus
-from trainer.interrupt import EXIT_INTERRUPTED, interrupt_request
+from trainer.processes.interrupt import EXIT_INTERRUPTED, interrupt_request
 from worker import log_records
 from worker.launch import Rendezvous, trainer_command
 from worker.processes import ManagedProcess, describe_exit, free_port_in, install_shutdown_flag, start_guarded

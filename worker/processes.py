@@ -293,7 +293,7 @@ def process_name(pid: int) -> str:
 
 # ------------------------------------------------------------------- a run's processes, as launched
 # The control plane's settings that must not reach the run's processes (the trainer runs user code:
-# rewards, tools, environments, plugins); it reports through files (trainer.sinks) instead.
+# rewards, tools, environments, plugins); it reports through files (trainer.reporting.sinks) instead.
 CONTROL_PLANE_ENV = frozenset(
     {
         "DATABASE_URL",

@@ -19,8 +19,8 @@ def hub_sources_resolve(
     (neither registered nor a local path) resolved to its local snapshot at its revision
     (``model_revision``, ``dataset_revision``, ``eval_dataset_revision``), the rest as the document
     has them; ``resolved``: ``{"model" | "dataset" | "eval_dataset": {"id", "type", "revision",
-    "commit", "path"}}`` for the ones resolved. No database. Raises :class:`trainer.hub.HubError`."""
-    from trainer.hub import resolve_sources
+    "commit", "path"}}`` for the ones resolved. No database. Raises :class:`trainer.plugins.hub.HubError`."""
+    from trainer.plugins.hub import resolve_sources
 
     sources = resolve_sources(
         model=config["model"],
@@ -38,7 +38,7 @@ def model_plan(name: str) -> str:
     """What preparing ``name`` will do, for the run's events (the page is not silent meanwhile)."""
     if name != "tiny":
         return f"model: {name}"
-    from trainer.tiny import current_builds
+    from trainer.tiny.build import current_builds
 
     if current_builds(0):  # the shipped build or the user's cache
         return "model: the embedded tiny model (a build of these sources exists; copying it if needed)"
@@ -47,7 +47,7 @@ def model_plan(name: str) -> str:
 
 def resolve_model_dir(name: str) -> str:
     """A registered model name to its local directory (the tiny model is built once and cached)."""
-    from trainer.registry import is_registered, resolve_model
+    from trainer.plugins.registry import is_registered, resolve_model
 
     return resolve_model(name) if is_registered("model", name) else name
 

@@ -27,7 +27,7 @@ Every child is started through :mod:`worker.guard` in its own process group, and
 group (SIGTERM, SIGKILL after ``GRPO_STOP_GRACE_S``). The supervisor refreshes ``Run.heartbeat_at``
 every ``GRPO_RUN_HEARTBEAT_S``; the same round trip tells it whether a stop was requested. A
 SIGTERM to the worker's pool process (warm shutdown: Ctrl-C on ``make run``) asks the trainer to save
-a checkpoint at its step's end (:mod:`trainer.interrupt`), waits up to ``GRPO_STOP_GRACE_S`` for it,
+a checkpoint at its step's end (:mod:`trainer.processes.interrupt`), waits up to ``GRPO_STOP_GRACE_S`` for it,
 ends both children and records the run ``interrupted`` (a worker of the host resumes it when it
 starts); a SIGKILL leaves the guards to clean up and the staleness check to fail the run.
 """
@@ -59,7 +59,7 @@ from controlplane.runs import selectors, services
 from controlplane.runs.models import Run, RunEventKind, RunStatus
 from controlplane.runs.services import ingest
 from controlplane.runs.validation import local_sources_errors
-from trainer.interrupt import EXIT_INTERRUPTED, interrupt_clear, interrupt_request, marker_read
+from trainer.processes.interrupt import EXIT_INTERRUPTED, interrupt_clear, interrupt_request, marker_read
 from worker import log_records, nodes
 from worker.launch import Rendezvous, devices_env, trainer_command, vllm_placement_flags
 from worker.processes import (
@@ -329,7 +329,7 @@ class RunSupervisor:
         if self.nodes:
             argv += ["--host", "0.0.0.0"]  # the trainer's rank 0 may run on another host
         argv += vllm_placement_flags(place, default=[])  # _size_context set max_model_len
-        from trainer.run_schema import DEFAULTS  # the spec's dtype default, one table
+        from trainer.config.run_schema import DEFAULTS  # the spec's dtype default, one table
 
         dtype = (config.get("args") or {}).get("dtype", DEFAULTS["dtype"])
         if dtype != "auto":
@@ -360,7 +360,7 @@ class RunSupervisor:
 
     def _record_ranks(self) -> None:
         """Once the trainer wrote ``ranks.json`` (every rank's device and pid), store it."""
-        from trainer.host import RANKS_FILE
+        from trainer.processes.host import RANKS_FILE
 
         if self._ranks_recorded:
             return
@@ -454,7 +454,8 @@ class RunSupervisor:
             if code is not None:
                 if code == 0:
                     return
-                if code == EXIT_INTERRUPTED:  # someone asked (trainer/interrupt.py) without a shutdown
+                # someone asked (trainer/processes/interrupt.py) without a shutdown
+                if code == EXIT_INTERRUPTED:
                     raise AttemptEnded(
                         RunStatus.INTERRUPTED, self._interrupted_reason("the trainer was asked to stop", code)
                     )

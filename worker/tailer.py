@@ -1,6 +1,6 @@
 """The control plane's reader of a run's output folder: the trainer's sink files and checkpoints.
 
-The trainer writes ``metrics.jsonl`` and ``completions.jsonl`` (``trainer.sinks.JsonlSink``) and
+The trainer writes ``metrics.jsonl`` and ``completions.jsonl`` (``trainer.reporting.sinks.JsonlSink``) and
 ``checkpoint-<step>/`` folders; it has no database access. The supervisor polls a
 :class:`RunOutputTailer` while the run is live (every ``INGEST_POLL_S``): each poll reads the whole
 lines added since the saved byte offsets (a partial last line waits for the next poll), stores them
@@ -38,7 +38,7 @@ from django.db import DataError, IntegrityError
 from controlplane.runs import selectors
 from controlplane.runs.models import CompletionSplit
 from controlplane.runs.services import ingest
-from trainer.sinks import COMPLETIONS_FILE, METRICS_FILE
+from trainer.reporting.sinks import COMPLETIONS_FILE, METRICS_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from controlplane.runs.serializers import (
     RunUpdateInputSerializer,
     run_created_payload,
 )
-from trainer import registry
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
+from trainer.plugins import registry
 
 ConflictSerializer = inline_serializer("Conflict", {"detail": serializers.CharField()})
 

@@ -1,5 +1,5 @@
 """The run form: registry choices, the main hyper-parameters with the spec's defaults (from the run
-schema, :mod:`trainer.run_schema`), and an advanced JSON box for any other AsyncGRPOConfig field. It
+schema, :mod:`trainer.config.run_schema`), and an advanced JSON box for any other AsyncGRPOConfig field. It
 checks its own fields' shapes and builds a RUN.yaml document; the document is validated by the
 service (:func:`controlplane.runs.services.run_create`, as for the API) and each of its errors is
 placed beside the field it names (:meth:`RunForm.add_config_errors`)."""
@@ -15,8 +15,8 @@ from django.core.exceptions import NON_FIELD_ERRORS
 
 from controlplane.runs.selectors import EVAL_ARGS, MAIN_ARGS
 from controlplane.runs.validation import MAX_DOCUMENT_BYTES
-from trainer import registry
-from trainer.run_schema import FIELDS, FieldSpec
+from trainer.config.run_schema import FIELDS, FieldSpec
+from trainer.plugins import registry
 
 MAX_SOURCE_CHARS = 1000
 # RUN.yaml's hub options, one form field each.

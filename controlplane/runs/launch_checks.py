@@ -5,10 +5,10 @@ control plane's own rules passed (:func:`~controlplane.runs.validation.run_docum
 the model and the vLLM server the run will use, and reports ``{field path: message}`` like them:
 
 * the trainer's config: ``AsyncGRPOConfig`` is built as the trainer builds it
-  (:func:`trainer.run_config.validate_run_document`: TrainingArguments' own rules between fields);
+  (:func:`trainer.config.run_config.validate_run_document`: TrainingArguments' own rules between fields);
   GPU-only options are left to the worker when its pool has GPUs and this host has none;
 * the vLLM server's context (``max_model_len``): the run's own server's (``resources.vllm.max_model_len``,
-  else the model's limit: :func:`trainer.run_lengths.model_context_limit`), or a named server's,
+  else the model's limit: :func:`trainer.config.run_lengths.model_context_limit`), or a named server's,
   read from its ``/v1/models``; ``args.max_completion_length`` plus the longest prompt (the dataset
   through the registry's loader, rendered with the model's tokenizer and chat template; a large
   dataset is sampled, ``GRPO_PREFLIGHT_SAMPLE_ROWS``, and the message says so) must fit in it; the
@@ -50,11 +50,9 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer import registry
-from trainer.hub import cached_snapshot, is_hub_id
-from trainer.resources import Resources, parse_resources
-from trainer.run_config import DEFAULT_EVAL_SPLIT, RunConfigError
-from trainer.run_lengths import (
+from trainer.config.resources import Resources, parse_resources
+from trainer.config.run_config import DEFAULT_EVAL_SPLIT, RunConfigError
+from trainer.config.run_lengths import (
     ContextLimit,
     PromptLengths,
     TokenizerUnavailable,
@@ -65,8 +63,10 @@ from trainer.run_lengths import (
     run_prompt_lengths,
     text_config,
 )
-from trainer.run_schema import DEFAULTS
-from trainer.serve import DEFAULT_MAX_MODEL_LEN
+from trainer.config.run_schema import DEFAULTS
+from trainer.plugins import registry
+from trainer.plugins.hub import cached_snapshot, is_hub_id
+from trainer.processes.serve import DEFAULT_MAX_MODEL_LEN
 
 __all__ = ["ContextPlan", "LaunchRefused", "per_run_max_model_len", "process_state_kept", "run_launch_errors"]
 
@@ -275,7 +275,7 @@ def process_state_kept() -> Iterator[None]:
 
 def _trainer_config_errors(document: dict) -> dict[str, str]:
     """``AsyncGRPOConfig`` built as ``python -m trainer train`` builds it; its refusal by field."""
-    from trainer.run_config import validate_run_document
+    from trainer.config.run_config import validate_run_document
 
     doc = document
     if _gpu_options_judged_by_worker(document):
@@ -355,7 +355,7 @@ def _local_model_dir(*, model: str, revision: str | None) -> str | None:
     if model == "tiny":
         # The registry's loader builds the tiny model when no build of its sources exists (~3 min):
         # only a current build is read here; the worker builds it otherwise.
-        from trainer.tiny import current_builds
+        from trainer.tiny.build import current_builds
 
         builds = current_builds(0)
         return str(builds[0]) if builds else None
@@ -387,7 +387,7 @@ def _model_errors(*, model: str, model_dir: str | None, args: dict) -> dict[str,
     config = model_config(model_dir) if model_dir else None
     if config is None:
         return {}
-    from trainer.modeling import config_architecture_refusal
+    from trainer.step.modeling import config_architecture_refusal
 
     inner = text_config(config)
     errors: dict[str, str] = {}
@@ -477,8 +477,8 @@ def _local_dataset(source: _DatasetSource) -> str | None:
 
 def _measure(*, document: dict, model_dir: str, dataset: str, source: _DatasetSource) -> PromptLengths:
     """The longest prompt of ``dataset`` (``source`` local) with the model's tokenizer
-    (:func:`trainer.run_lengths.run_prompt_lengths`); ``source`` gives its config and split."""
-    from trainer.run_schema import parse_json_object
+    (:func:`trainer.config.run_lengths.run_prompt_lengths`); ``source`` gives its config and split."""
+    from trainer.config.run_schema import parse_json_object
 
     args = document.get("args") or {}
     return run_prompt_lengths(
@@ -634,7 +634,7 @@ def _named_server_limit(
 def _served_models(url: str) -> list[dict] | None:
     import httpx
 
-    from trainer.server_checks import served_models
+    from trainer.processes.server_checks import served_models
 
     try:
         return served_models(url, timeout_s=settings.GRPO_PREFLIGHT_SERVER_TIMEOUT_S)
@@ -651,8 +651,8 @@ def _served_entry(*, served: list[dict], model: str, model_dir: str | None) -> t
     if model_dir:
         names |= {model_dir, os.path.realpath(model_dir)}
     if model == "tiny":
-        from trainer.registry import cache_root
-        from trainer.tiny import source_hash
+        from trainer.plugins.registry import cache_root
+        from trainer.tiny.build import source_hash
 
         names.add(str(cache_root() / "tiny" / source_hash()[:16]))  # where the worker's copy lives
     for entry in served:

@@ -67,7 +67,7 @@ class Run(models.Model):
     uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=200)
-    # Exactly the RUN.yaml document (trainer/run_config.py); frozen once launched (DB trigger).
+    # Exactly the RUN.yaml document (trainer/config/run_config.py); frozen once launched (DB trigger).
     config = models.JSONField()
     config_sha256 = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)

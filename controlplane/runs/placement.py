@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.resources import Resources
+from trainer.config.resources import Resources
 
 __all__ = ["Unplaceable", "Waiting", "node_plan", "placement_plan", "waiting_reason_for"]
 

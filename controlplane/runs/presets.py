@@ -21,8 +21,8 @@ from django.conf import settings
 from controlplane.runs.models import Checkpoint, Run
 from controlplane.runs.selectors import EVAL_ARGS, MAIN_ARGS, main_arg_defaults
 from controlplane.runs.services import demo_config
-from trainer import registry
-from trainer.run_config import TOP_LEVEL_KEYS
+from trainer.config.run_config import TOP_LEVEL_KEYS
+from trainer.plugins import registry
 
 DEFAULT_MODEL = "tiny"
 # What the form has fields for: every RUN.yaml key but these (the API takes them).
@@ -75,7 +75,7 @@ class RunFormPrefill:
 def form_args_split(*, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` as the form shows them: every main and evaluation field (the spec's default where
     ``args`` leaves it out) plus ``advanced``, the JSON text of the other keys ("" when there are none)."""
-    from trainer.run_schema import DEFAULTS
+    from trainer.config.run_schema import DEFAULTS
 
     fields = (*MAIN_ARGS, *EVAL_ARGS)
     defaults = {**main_arg_defaults(), **{name: DEFAULTS[name] for name in EVAL_ARGS}}

@@ -3,11 +3,11 @@
 Two layers, both reported together as ``{field path: message}`` (``args.learning_rate``,
 ``reward_funcs[1]``, ...):
 
-1. :func:`trainer.run_config.run_document_errors`: the RUN.yaml shape and the run schema
-   (:mod:`trainer.run_schema`: types, ranges, choices, the spec's incompatible combinations); it
+1. :func:`trainer.config.run_config.run_document_errors`: the RUN.yaml shape and the run schema
+   (:mod:`trainer.config.run_schema`: types, ranges, choices, the spec's incompatible combinations); it
    imports neither transformers nor anything the document names.
 2. What the control plane adds because the document is untrusted: every importable name must be in
-   the registry (:mod:`trainer.registry`), local model directories and dataset files only under the
+   the registry (:mod:`trainer.plugins.registry`), local model directories and dataset files only under the
    configured roots (no path traversal), and no ``args`` that would let a request pick where the run
    writes, which server it talks to, or make the worker run remote code / reach a hub.
 
@@ -33,10 +33,10 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.runs.selectors import dataset_summary
-from trainer import registry
-from trainer.hub import is_hub_id
-from trainer.resources import Resources, parse_resources, resources_errors
-from trainer.run_config import DEFAULT_EVAL_SPLIT, RunConfigError, run_document_errors
+from trainer.config.resources import Resources, parse_resources, resources_errors
+from trainer.config.run_config import DEFAULT_EVAL_SPLIT, RunConfigError, run_document_errors
+from trainer.plugins import registry
+from trainer.plugins.hub import is_hub_id
 
 MAX_DOCUMENT_BYTES = 64_000
 MAX_DOCUMENT_DEPTH = 32
@@ -87,7 +87,7 @@ def run_document_validate(*, document: Any, owner: Any = None) -> dict:
     the run) may name a checkpoint folder of one of their own runs as the model, wherever
     ``GRPO_ALLOWED_MODEL_ROOTS`` is (the form's "new run from this checkpoint").
 
-    Raises :class:`~trainer.run_config.RunConfigError` whose ``errors`` maps each offending field
+    Raises :class:`~trainer.config.run_config.RunConfigError` whose ``errors`` maps each offending field
     path to a message (all problems at once, not just the first).
     """
     if not isinstance(document, dict):

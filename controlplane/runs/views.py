@@ -21,7 +21,7 @@ from controlplane.runs.api import RunCreateThrottle
 from controlplane.runs.forms import RunForm
 from controlplane.runs.models import RunStatus
 from controlplane.runs.serializers import CompareQuerySerializer, RunListQuerySerializer
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 # The run list's sortable columns: (?ordering= key, header).
 RUN_LIST_COLUMNS = (

@@ -100,10 +100,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
-    from trainer.registry import load_dataset_by_name, resolve_callable, resolve_model
+    from trainer.config.run_config import validate_run_document
+    from trainer.plugins.registry import load_dataset_by_name, resolve_callable, resolve_model
     from trainer.rollout.loop import AsyncRolloutLoop
     from trainer.rollout.process import start_rollout_process
-    from trainer.run_config import validate_run_document
 
     model_dir = resolve_model("tiny")
     spec = validate_run_document(README_DOC, output_dir=tempfile.mkdtemp(prefix="recorded-run-"))

@@ -17,7 +17,7 @@ loop in a thread (queues/events of ``queue``/``threading`` then) all take it who
 * ``settled_tokens`` (``'d'``): the raw tokens of every group emitted so far while no group is in
   flight, -1 while one is: with the allowance, it tells the trainer the rollout side is held
   (nothing more comes until the trainer consumes), so a part-filled micro-batch can be trained
-  at a point fixed by counts, not by a timer (``trainer.feed``);
+  at a point fixed by counts, not by a timer (``trainer.step.feed``);
 * ``eval_requests``: trainer -> child, one :class:`~trainer.rollout.evaluation.EvalRequest` per eval
   pass asked for; its result comes back on ``metrics_queue`` as ``{"eval": EvalResult}``.
 

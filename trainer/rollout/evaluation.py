@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     EVAL_COMPLETIONS_CLIPPED_RATIO,
     EVAL_COMPLETIONS_MEAN_LENGTH,
     EVAL_DURATION_S,

@@ -4,7 +4,7 @@
 * :class:`StalenessPolicy` (``max_staleness``): the one rule every side applies. The trainer's token
   lead (``max(max_staleness, 1)`` steps' worth), the train-time drop of samples lagging more than
   ``max_staleness`` weight updates, and the LoRA adapter versions kept loaded (the versions whose
-  samples are not stale yet). Stdlib only: ``trainer/diagnosis.py`` (the control plane) imports it.
+  samples are not stale yet). Stdlib only: ``trainer/reporting/diagnosis.py`` (the control plane) imports it.
 * :class:`StalenessGate` (token-based ``max_staleness``): the trainer keeps a cumulative token
   ceiling, ``token_allowance``; the worker starts a new group only while
   ``tokens already queued (cumulative) + estimate of groups in flight + estimate of the new group``

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     ROLLOUT_DRIFT_TOKENS_MAX,
     ROLLOUT_DRIFT_TOKENS_MEAN,
     ROLLOUT_DURATION_S,

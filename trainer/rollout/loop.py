@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer.chat_template import assistant_message_from_text, parse_tool_calls
-from trainer.metrics import (
+from trainer.processes.server_checks import server_urls
+from trainer.reporting.metrics import (
     ROLLOUT_BACKPRESSURE_S,
     ROLLOUT_CONCURRENCY,
     ROLLOUT_CONCURRENCY_CAP,
@@ -89,7 +89,7 @@ from trainer.rollout.scoring import (
 from trainer.rollout.server_pool import VLLMServerPool
 from trainer.rollout.types import GroupResult, Rollout, RolloutGroup, TrainingSequence, TurnRecord
 from trainer.rollout.vllm_client import SamplingSettings, ServerSettings, VLLMClient, VLLMRequestError
-from trainer.server_checks import server_urls
+from trainer.tiny.chat_template import assistant_message_from_text, parse_tool_calls
 
 __all__ = ["AsyncRolloutLoop", "lora_adapter_name"]
 

@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     ENV_RESET_S,
     ENV_REWARD_S,
     TOOL_CALL_COUNT,
@@ -115,7 +115,7 @@ async def run_tool_calls(
 ) -> ToolOutcome:
     """Run one assistant turn's tool calls in the order the model wrote them.
 
-    ``calls`` are :func:`trainer.chat_template.parse_tool_calls` entries (``name``, ``arguments``,
+    ``calls`` are :func:`trainer.tiny.chat_template.parse_tool_calls` entries (``name``, ``arguments``,
     optional ``error`` for a malformed block). A malformed call, an unknown name and a raising tool
     are failures; the model sees an ``Error: ...`` tool message instead of a result.
     """

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+from trainer.processes.spawn_startup import STARTUP_ERROR_ENV, mark_started, startup_failure
 from trainer.rollout.channels import RolloutChannels
 from trainer.rollout.scoring import check_picklable
 from trainer.rollout.types import GroupResult
-from trainer.spawn_startup import STARTUP_ERROR_ENV, mark_started, startup_failure
 
 __all__ = [
     "RolloutWorkerHandle",
@@ -319,7 +319,7 @@ def start_rollout_process(
     )
     process = ctx.Process(target=_rollout_main, args=(loop_cls, loop_kwargs, channels), name="rollout-worker")
     # The spawned interpreter inherits the environment at start: hide every GPU from it, and name
-    # the file where it writes an error of its start-up phase (trainer/spawn_startup.py).
+    # the file where it writes an error of its start-up phase (trainer/processes/spawn_startup.py).
     fd, startup_error_path = tempfile.mkstemp(prefix="grpo-rollout-startup-", suffix=".txt")
     os.close(fd)
     child_env = {"CUDA_VISIBLE_DEVICES": "", STARTUP_ERROR_ENV: startup_error_path}

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.chat_template import check_text_only
+from trainer.tiny.chat_template import check_text_only
 
 __all__ = ["ConversationRenderer", "RENDER_CACHE_SIZE"]
 

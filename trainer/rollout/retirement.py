@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import ROLLOUT_RETIRED_FRACTION, ROLLOUT_RETIRED_PROMPTS, MetricWindow
+from trainer.reporting.metrics import ROLLOUT_RETIRED_FRACTION, ROLLOUT_RETIRED_PROMPTS, MetricWindow
 from trainer.rollout.scoring import is_zero_std
 
 logger = logging.getLogger(__name__)

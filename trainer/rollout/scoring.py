@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     COMPLETIONS_CLIPPED_RATIO,
     COMPLETIONS_DUPLICATE_FRAC,
     COMPLETIONS_MAX_LENGTH,

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from trainer.metrics import ROLLOUT_SERVER_KV_CACHE_USAGE_FRAC, ROLLOUT_SERVER_REQUESTS
+from trainer.reporting.metrics import ROLLOUT_SERVER_KV_CACHE_USAGE_FRAC, ROLLOUT_SERVER_REQUESTS
 from trainer.rollout.flow import LOWER_ABOVE_USAGE
 from trainer.rollout.types import TurnRecord
 from trainer.rollout.vllm_client import (

@@ -75,7 +75,7 @@ class SamplingSettings:
 
     @classmethod
     def from_config(cls, config: Any) -> SamplingSettings:
-        """Read the fields of an :class:`~trainer.config.AsyncGRPOConfig`."""
+        """Read the fields of an :class:`~trainer.config.async_grpo_config.AsyncGRPOConfig`."""
         return cls(
             max_tokens=config.max_completion_length,
             temperature=config.temperature,

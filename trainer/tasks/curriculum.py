@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.metrics import CURRICULUM_LEVEL
+from trainer.reporting.metrics import CURRICULUM_LEVEL
 from trainer.rollout.loop import AsyncRolloutLoop
 from trainer.rollout.types import RolloutGroup
 

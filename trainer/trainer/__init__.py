@@ -3,7 +3,7 @@
 The Trainer loop is kept (optimizer, scheduler, gradient accumulation, callbacks, ``report_to``,
 checkpoints, accelerate/FSDP2); what changes:
 
-* ``get_train_dataloader`` returns a :class:`~trainer.feed.RolloutFeed`: packed tree rows built
+* ``get_train_dataloader`` returns a :class:`~trainer.step.feed.RolloutFeed`: packed tree rows built
   from the spawned rollout process's samples (one row per process, ``gradient_accumulation_steps``
   micro-batches per optimizer step);
 * ``compute_loss`` runs the packed forward with tree attention and the GRPO loss of ``loss.py``;
@@ -11,7 +11,7 @@ checkpoints, accelerate/FSDP2); what changes:
   weight sync every ``weight_sync_steps`` (full weights, a PEFT adapter merged into them, or the
   adapter alone when the server serves LoRA: :mod:`trainer.weight_sync.lora`), epoch/stop bookkeeping;
 * ``log`` merges the metric window (both processes) and hands the step's metrics and sampled
-  completions to the trainer's sinks (:mod:`trainer.sinks`; ``metrics.jsonl`` / ``completions.jsonl``
+  completions to the trainer's sinks (:mod:`trainer.reporting.sinks`; ``metrics.jsonl`` / ``completions.jsonl``
   by default), as ``_save_checkpoint`` does each checkpoint (the main process only, through ``_emit``);
 * checkpoints also hold ``rollout_state.json`` (first untrained prompt position) for resume.
 """
@@ -34,20 +34,17 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
 
-from trainer.attention import tree_forward_kwargs
-from trainer.chat_template import check_text_only
-from trainer.compiled_layers import (
-    checkpointing_left_to_the_compiler,
-    compile_decoder_layers,
-    layer_memory_budget,
+from trainer.config.async_grpo_config import AsyncGRPOConfig
+from trainer.processes.host import main_process_value, share_cpu_with_local_server, write_rank_layout
+from trainer.processes.interrupt import interrupt_requested
+from trainer.processes.rollout_state import (
+    read_retired_rows,
+    read_rollout_counters,
+    read_rollout_state,
+    write_rollout_state,
 )
-from trainer.config import AsyncGRPOConfig
-from trainer.feed import RolloutFeed
-from trainer.fused_head import fused_lm_head
-from trainer.host import main_process_value, share_cpu_with_local_server, write_rank_layout
-from trainer.interrupt import interrupt_requested
-from trainer.loss import LossConfig, packed_row_loss
-from trainer.metrics import (
+from trainer.processes.server_checks import served_model_of_all, server_urls, wait_for_server
+from trainer.reporting.metrics import (
     AUX_LOSS,
     EPOCH,
     FRAC_REWARD_ZERO_STD,
@@ -67,7 +64,23 @@ from trainer.metrics import (
     counts_in,
     fill_absent,
 )
-from trainer.modeling import (
+from trainer.reporting.perf import peak_flops, training_flops
+from trainer.reporting.progress import RunProgressCallback
+from trainer.reporting.sinks import JsonlSink, Sink
+from trainer.rollout.flow import StalenessPolicy
+from trainer.rollout.loop import AsyncRolloutLoop
+from trainer.rollout.multiturn import tool_name
+from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
+from trainer.step.attention import tree_forward_kwargs
+from trainer.step.compiled_layers import (
+    checkpointing_left_to_the_compiler,
+    compile_decoder_layers,
+    layer_memory_budget,
+)
+from trainer.step.feed import RolloutFeed
+from trainer.step.fused_head import fused_lm_head
+from trainer.step.loss import LossConfig, packed_row_loss
+from trainer.step.modeling import (
     adapter_state_for_sync,
     compile_pointwise_modules,
     empty_row_loss,
@@ -80,20 +93,7 @@ from trainer.modeling import (
     prepare_tokenizer,
     wrap_peft,
 )
-from trainer.perf import peak_flops, training_flops
-from trainer.progress import RunProgressCallback
-from trainer.rollout.flow import StalenessPolicy
-from trainer.rollout.loop import AsyncRolloutLoop
-from trainer.rollout.multiturn import tool_name
-from trainer.rollout.process import RolloutWorkerHandle, check_rollout_picklable, start_rollout_process
-from trainer.rollout_state import (
-    read_retired_rows,
-    read_rollout_counters,
-    read_rollout_state,
-    write_rollout_state,
-)
-from trainer.server_checks import served_model_of_all, server_urls, wait_for_server
-from trainer.sinks import JsonlSink, Sink
+from trainer.tiny.chat_template import check_text_only
 from trainer.trainer.evaluation import EvalBook
 from trainer.weight_sync.client import WeightSyncClient, check_dtype, server_info
 from trainer.weight_sync.fanout import WeightSyncFanout, weight_sync_client
@@ -135,7 +135,7 @@ class AsyncGRPOTrainer(Trainer):
         eval_dataset=None,
     ) -> None:
         """``sinks``: where metrics, completions and checkpoints are reported (default: one
-        :class:`~trainer.sinks.JsonlSink` on ``args.output_dir``, which the control plane reads;
+        :class:`~trainer.reporting.sinks.JsonlSink` on ``args.output_dir``, which the control plane reads;
         a list given here replaces it, so include a ``JsonlSink`` to keep the files).
 
         ``eval_dataset`` (an extension): held-out prompts (a ``prompt`` column, and what the reward
@@ -186,7 +186,7 @@ class AsyncGRPOTrainer(Trainer):
             policy = wrap_peft(policy, peft_config)
         # Whole-model compilation would trace through the tree mask. On CUDA each decoder layer is
         # compiled whole (its block mask built before the first layer) and the compiler chooses
-        # what the backward recomputes; elsewhere the norm and MLP blocks are (trainer.compiled_layers).
+        # what the backward recomputes; elsewhere the norm and MLP blocks are (trainer.step.compiled_layers).
         self._layer_budget = (
             layer_memory_budget(policy, args, on_cuda=torch.cuda.is_available() and not args.use_cpu)
             if args.torch_compile
@@ -207,7 +207,7 @@ class AsyncGRPOTrainer(Trainer):
         self._evals = EvalBook(self._emit)
         self._counts_seen: set[str] = set()  # counts logged so far: 0, not absent, when not seen again
         self.sinks: list[Sink] = list(sinks) if sinks is not None else [JsonlSink(args.output_dir)]
-        # The step at whose end an interrupt request was honoured (trainer/interrupt.py), else None.
+        # The step at whose end an interrupt request was honoured (trainer/processes/interrupt.py), else None.
         self.interrupted_at: int | None = None
         self._handle: RolloutWorkerHandle | None = None
         self._sync_client: WeightSyncClient | WeightSyncFanout | None = None
@@ -500,7 +500,7 @@ class AsyncGRPOTrainer(Trainer):
         return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """GRPO loss of this process's packed row (see :mod:`trainer.loss`)."""
+        """GRPO loss of this process's packed row (see :mod:`trainer.step.loss`)."""
         started = _now(self.args.device)
         row = inputs["row"]
         if row is None:  # this process got an empty row: contribute zero, keep collectives in step
@@ -558,7 +558,7 @@ class AsyncGRPOTrainer(Trainer):
                     # The last epoch's end saves a checkpoint, as reaching max_steps does.
                     control.should_save = self.args.save_strategy != SaveStrategy.NO
             if interrupt_requested(self.args.output_dir):
-                # Asked to stop (trainer/interrupt.py): checkpoint this step, whatever save_strategy says.
+                # Asked to stop (trainer/processes/interrupt.py): checkpoint this step, whatever save_strategy says.
                 control.should_training_stop = control.should_save = True
                 self.interrupted_at = state.global_step
         # The main process alone sees the epoch's end and an interrupt: every rank must stop (and
@@ -699,7 +699,7 @@ class AsyncGRPOTrainer(Trainer):
         if not self.is_world_process_zero():
             return
         for sink in self.sinks:
-            if not hasattr(sink, kind):  # "evaluation" is optional (trainer.sinks.EvalSink)
+            if not hasattr(sink, kind):  # "evaluation" is optional (trainer.reporting.sinks.EvalSink)
                 continue
             try:
                 getattr(sink, kind)(*record)

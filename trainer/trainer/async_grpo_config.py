@@ -2,11 +2,11 @@
 
     from trainer.trainer.async_grpo_config import AsyncGRPOConfig
 
-The class itself lives in :mod:`trainer.config`.
+The class itself lives in :mod:`trainer.config.async_grpo_config`.
 """
 
 from __future__ import annotations
 
-from trainer.config import AsyncGRPOConfig
+from trainer.config.async_grpo_config import AsyncGRPOConfig
 
 __all__ = ["AsyncGRPOConfig"]

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 import torch
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     PERF_WEIGHT_SYNC_BARRIER_S,
     PERF_WEIGHT_SYNC_PAUSE_S,
     PERF_WEIGHT_SYNC_S,

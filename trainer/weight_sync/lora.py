@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from trainer.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
+from trainer.reporting.metrics import PERF_WEIGHT_SYNC_S, PERF_WEIGHT_SYNC_TRANSFER_S
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.pinning import lora_adapter_name
 from trainer.weight_sync.client import WeightSyncError, vllm_http_client

@@ -11,7 +11,7 @@ from controlplane.runs.models import (
 )
 from controlplane.runs.selectors.metrics import metric_info, metric_names
 from controlplane.runs.selectors.runs import run_list
-from trainer.metrics import LOSS, NAMESPACES, REWARD
+from trainer.reporting.metrics import LOSS, NAMESPACES, REWARD
 
 
 def compare_runs_get(*, user: Any, ids: list[int]) -> tuple[list[Run], list[int]]:

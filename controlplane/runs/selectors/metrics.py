@@ -26,8 +26,8 @@ from controlplane.runs.models import (
     MetricStep,
     Run,
 )
-from trainer import metrics as metric_catalogue
-from trainer.metrics import ENTROPY, LOSS, PERF_STEP_S, REWARD, catalogue_payload
+from trainer.reporting import metrics as metric_catalogue
+from trainer.reporting.metrics import ENTROPY, LOSS, PERF_STEP_S, REWARD, catalogue_payload
 
 
 def run_metric_series(
@@ -107,9 +107,9 @@ def chart_preference_get(*, user: Any) -> dict[str, Any]:
 
 
 def run_diagnosis(*, run: Run, window: int | None = None) -> list[dict[str, Any]]:
-    """The spec's diagnosis tables (:mod:`trainer.diagnosis`) applied to the run's latest steps."""
-    from trainer import diagnosis
-    from trainer.diagnosis_words import evidence_labels
+    """The spec's diagnosis tables (:mod:`trainer.reporting.diagnosis`) applied to the run's latest steps."""
+    from trainer.reporting import diagnosis
+    from trainer.reporting.diagnosis_words import evidence_labels
 
     window = window or diagnosis.DEFAULT_WINDOW_STEPS
     last_step = MetricPoint.objects.filter(run=run).aggregate(step=Max("step"))["step"]
@@ -184,5 +184,5 @@ def run_metric_rows(
 def metric_catalogue_get() -> dict[str, Any]:
     """``GET /api/v1/metrics/catalogue/``: the namespaces in reading order and every declared metric
     (name or ``{pattern}``, reduction, unit, namespace, help, when it is logged), from
-    :mod:`trainer.metrics`."""
+    :mod:`trainer.reporting.metrics`."""
     return catalogue_payload()

@@ -7,7 +7,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from trainer import registry, run_schema
+from trainer.config import run_schema
+from trainer.plugins import registry
 
 # The form's main hyper-parameters (the rest go in its advanced JSON box).
 MAIN_ARGS = (

@@ -24,7 +24,7 @@ from controlplane.runs.models import (
     Run,
     RunEvent,
 )
-from trainer.metrics import REWARD
+from trainer.reporting.metrics import REWARD
 
 
 def run_list(*, user: Any) -> QuerySet[Run]:

@@ -27,7 +27,7 @@ from controlplane.runs.models import (
 from controlplane.runs.placement import Unplaceable, Waiting, node_plan, placement_plan
 from controlplane.runs.services.lifecycle import run_event_create, run_status_transition
 from controlplane.runs.services.stream import run_status_publish
-from trainer.resources import parse_resources
+from trainer.config.resources import parse_resources
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from controlplane.runs.services.stream import (
     run_status_publish,
 )
 from controlplane.runs.validation import run_document_validate
-from trainer.run_config import RunConfigError
+from trainer.config.run_config import RunConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def run_create(
     and the form only parse it and place these errors beside their fields). Returns ``(run,
     created)``; with an ``idempotency_key`` already used by ``owner`` the existing run comes back
     with ``created=False`` (a retried POST never makes a second run). Raises
-    :class:`~trainer.run_config.RunConfigError` (field path -> message) for an invalid document.
+    :class:`~trainer.config.run_config.RunConfigError` (field path -> message) for an invalid document.
     """
     key = idempotency_key.strip()[:255]
     existing = Run.objects.filter(owner=owner, idempotency_key=key).first() if key else None
@@ -167,7 +167,7 @@ def run_config_validate(*, config: Any, owner: Any = None) -> dict:
     (:func:`~controlplane.runs.launch_checks.run_launch_errors`: the trainer's config, the context
     length, the token budget, the dataset, the named server); return it.
 
-    Raises :class:`~trainer.run_config.RunConfigError` with every problem, ``{field path: message}``.
+    Raises :class:`~trainer.config.run_config.RunConfigError` with every problem, ``{field path: message}``.
     :func:`run_create` calls it; the run form calls it alone when some of its own fields did not
     clean (nothing is created then), so that every error shows at once. ``owner``, the user who
     creates the run, may name a checkpoint of their own runs as the model.
@@ -178,7 +178,7 @@ def run_config_validate(*, config: Any, owner: Any = None) -> dict:
 
 
 def _launch_checks_pass(document: dict) -> None:
-    """Raise :class:`~trainer.run_config.RunConfigError` with what the launch checks find wrong in a
+    """Raise :class:`~trainer.config.run_config.RunConfigError` with what the launch checks find wrong in a
     document that passed its own rules."""
     errors = run_launch_errors(document=document)
     if errors:

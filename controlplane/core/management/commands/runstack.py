@@ -190,7 +190,7 @@ class Command(BaseCommand):
 
     def _prepare_tiny(self, processes: list[ManagedProcess], logs: Path) -> None:
         """Without a demo run: prepare the tiny model in a child process (stoppable at any point)."""
-        prepare = "from trainer.registry import resolve_model; print(resolve_model('tiny'))"
+        prepare = "from trainer.plugins.registry import resolve_model; print(resolve_model('tiny'))"
         builder = ManagedProcess(
             "tiny",
             [sys.executable, "-c", prepare],

@@ -29,8 +29,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from trainer.metrics import REWARD
-from trainer.run_config import RunConfigError, read_run_file
+from trainer.config.run_config import RunConfigError, read_run_file
+from trainer.reporting.metrics import REWARD
 
 EXIT_PASS, EXIT_BELOW, EXIT_RUN, EXIT_TIMEOUT = 0, 1, 2, 3
 TERMINAL = ("completed", "failed", "stopped")  # not "interrupted": it goes on when its worker is back

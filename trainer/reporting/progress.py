@@ -5,7 +5,7 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     EPOCH,
     FRAC_REWARD_ZERO_STD,
     LOSS,

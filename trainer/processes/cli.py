@@ -1,7 +1,7 @@
 """``python -m trainer train --config RUN.yaml [--resume latest|PATH]``: one run, standalone.
 
 This is what the control plane's worker launches. The RUN.yaml document is validated with the same run
-schema as the control plane's (:func:`trainer.run_config.run_document_errors`, :mod:`trainer.run_schema`),
+schema as the control plane's (:func:`trainer.config.run_config.run_document_errors`, :mod:`trainer.config.run_schema`),
 then AsyncGRPOConfig is built (its runtime checks) and its names are resolved (the CLI may import any
 dotted path: it runs the user's own code, unlike the web).
 """
@@ -14,19 +14,19 @@ import logging
 import sys
 from pathlib import Path
 
-from trainer.host import leave_process_group
-from trainer.interrupt import EXIT_INTERRUPTED, marker_write
-from trainer.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
+from trainer.config.run_config import RunConfigError, RunSpec, read_run_file, validate_run_document
+from trainer.processes.host import leave_process_group
+from trainer.processes.interrupt import EXIT_INTERRUPTED, marker_write
 
 
 def _log(line: str) -> None:
-    logging.getLogger("trainer.hub").info("%s", line)
+    logging.getLogger("trainer.plugins.hub").info("%s", line)
 
 
 def build_trainer(spec: RunSpec, trainer_cls=None):
     """An :class:`~trainer.trainer.AsyncGRPOTrainer` for a validated run document."""
-    from trainer.hub import resolve_sources
-    from trainer.registry import load_dataset_by_name, resolve_callable, resolve_model
+    from trainer.plugins.hub import resolve_sources
+    from trainer.plugins.registry import load_dataset_by_name, resolve_callable, resolve_model
     from trainer.trainer import AsyncGRPOTrainer
 
     trainer_cls = trainer_cls or AsyncGRPOTrainer
@@ -125,10 +125,10 @@ def train_main(argv: list[str]) -> int:
 def _train(spec: RunSpec, *, callbacks: list[str], resume: str | bool | None) -> bool:
     """Build the trainer, train, save the final model (the trainer is dropped on return).
 
-    Returns True when training stopped on an interrupt request (trainer/interrupt.py): then the
+    Returns True when training stopped on an interrupt request (trainer/processes/interrupt.py): then the
     checkpoint of the last step stands for the model, and ``interrupted.json`` says which it is.
     """
-    from trainer.registry import resolve_callable
+    from trainer.plugins.registry import resolve_callable
 
     trainer = build_trainer(spec)
     for path in callbacks:

@@ -41,8 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from trainer.fused_head import fused_head_logits
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     CLIP_RATIO_HIGH_MAX,
     CLIP_RATIO_HIGH_MEAN,
     CLIP_RATIO_LOW_MEAN,
@@ -57,6 +56,7 @@ from trainer.metrics import (
     SAMPLING_MASKED_MEAN,
     SAMPLING_SAMPLER_MASS,
 )
+from trainer.step.fused_head import fused_head_logits
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class LossConfig:
 
     @classmethod
     def from_args(cls, args) -> LossConfig:
-        """From an :class:`trainer.config.AsyncGRPOConfig`."""
+        """From an :class:`trainer.config.async_grpo_config.AsyncGRPOConfig`."""
         eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
         return cls(
             score_centering=args.score_centering,
@@ -177,7 +177,7 @@ def token_logprobs(
         temperature: the sampler's temperature; logits are divided by it before normalising.
         top_ids: (N, K) the sampler's top ids per position (padding ids are harmless).
         candidate_ids, candidate_token, has_candidates: top-k/top-p candidate sets in the packed
-            layout of :class:`trainer.packing.PackedRow` ((M,), (M,), (N,)); None = full vocabulary.
+            layout of :class:`trainer.step.packing.PackedRow` ((M,), (M,), (N,)); None = full vocabulary.
 
     Memory: no full log-softmax and no (N, V) fp32 copy is kept; the normaliser is a chunked,
     checkpointed log-sum-exp (about ``_CHUNK_BYTES`` of fp32 at a time) and the needed entries are
@@ -217,7 +217,7 @@ def token_logprobs_from_hidden(
         weight: (V, D) the LM head's weight (a bias-free linear head).
         Others: as :func:`token_logprobs`.
 
-    The head runs in chunks fused with the reads (:mod:`trainer.fused_head`); values and gradients
+    The head runs in chunks fused with the reads (:mod:`trainer.step.fused_head`); values and gradients
     are those of :func:`token_logprobs` on the full logits.
     """
     n = hidden.shape[0]
@@ -402,7 +402,7 @@ def packed_row_loss(
     logit_rows: torch.Tensor | None = None,
     lm_head_weight: torch.Tensor | None = None,
 ) -> LossOutput:
-    """:func:`grpo_loss` of one :class:`trainer.packing.PackedRow` from the row's logits.
+    """:func:`grpo_loss` of one :class:`trainer.step.packing.PackedRow` from the row's logits.
 
     Args:
         logits: (L, V) or (1, L, V) logits of the packed forward, or (R, V) / (1, R, V) when the

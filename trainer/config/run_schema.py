@@ -2,10 +2,10 @@
 
 * :data:`SPEC_FIELDS`: AsyncGRPOConfig's own fields (the spec's, and the TrainingArguments defaults
   it changes) with their JSON type, default, choices and help. ``AsyncGRPOConfig`` declares its
-  fields from this table (:func:`trainer.config` ``_spec_field``), so the two cannot drift.
+  fields from this table (:func:`trainer.config.async_grpo_config` ``_spec_field``), so the two cannot drift.
 * :data:`FIELDS`: those plus every other ``TrainingArguments`` field, read from the generated
-  :mod:`trainer.training_args_fields` (name -> JSON type, default, choices).
-* Ranges: :data:`trainer.config_ranges.FIELD_RANGES`.
+  :mod:`trainer.config.training_args_fields` (name -> JSON type, default, choices).
+* Ranges: :data:`trainer.config.config_ranges.FIELD_RANGES`.
 * Cross-field rules (:data:`RULES`): plain functions over the field values (defaults filled in).
 
 :func:`args_errors` checks a document's ``args`` mapping with all of it, reporting every problem at
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainer.config_ranges import FIELD_RANGES, Range, range_errors
-from trainer.training_args_fields import TRAINING_ARGS_FIELDS
+from trainer.config.config_ranges import FIELD_RANGES, Range, range_errors
+from trainer.config.training_args_fields import TRAINING_ARGS_FIELDS
 
 __all__ = [
     "DEFAULTS",
@@ -408,7 +408,7 @@ def _sampling(v: Mapping[str, Any]) -> dict[str, str]:
 
 def _server_url(v: Mapping[str, Any]) -> dict[str, str]:
     """One URL, or several separated by commas (one run's rollouts over several servers)."""
-    from trainer.server_checks import server_urls
+    from trainer.processes.server_checks import server_urls
 
     value = v.get("vllm_server_base_url")
     if not isinstance(value, str):
@@ -453,10 +453,10 @@ def _json_kwargs(v: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _no_evaluation(v: Mapping[str, Any]) -> dict[str, str]:
-    """Evaluation scores eval_dataset's prompts through the vLLM server (trainer/evaluation.py) and
+    """Evaluation scores eval_dataset's prompts through the vLLM server (trainer/trainer/evaluation.py) and
     logs eval/* metrics; transformers' "best" checkpoints read metrics its own evaluation returns,
     which this one does not (whether eval_strategy has an eval_dataset is a rule of the run document:
-    trainer.run_config)."""
+    trainer.config.run_config)."""
     errors: dict[str, str] = {}
     if v.get("save_strategy") == "best":
         errors["save_strategy"] = (

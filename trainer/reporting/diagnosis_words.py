@@ -1,5 +1,5 @@
 """The words of the diagnosis panel: each verdict's title, severity and advice, and plain words for
-the evidence keys (:mod:`trainer.diagnosis` holds the rules that pick them).
+the evidence keys (:mod:`trainer.reporting.diagnosis` holds the rules that pick them).
 
 Titles use the spec's names for its cases ("Generation-bound", "Saturated at the top", "Collapse"...);
 evidence keys are metric names (the spec's) or ``name:derived`` numbers the rules compute, which

@@ -43,7 +43,7 @@ THREADS_ENV = "GRPO_TRAINER_CPU_THREADS"
 
 def _server_is_local(base_url: str | None) -> bool:
     """Whether a server of ``base_url`` (one URL or several, comma-separated) runs on this host."""
-    from trainer.server_checks import server_urls
+    from trainer.processes.server_checks import server_urls
 
     for url in server_urls(base_url):
         host = (urlparse(url).hostname or "").lower()

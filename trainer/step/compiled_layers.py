@@ -16,7 +16,7 @@ read it (``TreeMask.flex_masks``); its length bucket (``TreeMask.padded_len``) i
 region compiles once per bucket while the row length stays dynamic inside it.
 
 Layers that are not plain attention layers (gated DeltaNet's custom kernels, mixture-of-experts
-routing) keep the norm/MLP compilation of :func:`trainer.modeling.compile_pointwise_modules`:
+routing) keep the norm/MLP compilation of :func:`trainer.step.modeling.compile_pointwise_modules`:
 :func:`layer_compile_refusal`.
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.attention import TreeMask, raise_recompile_limit
-from trainer.modeling import compile_pointwise_modules, is_mixture_of_experts
+from trainer.step.attention import TreeMask, raise_recompile_limit
+from trainer.step.modeling import compile_pointwise_modules, is_mixture_of_experts
 
 _LAYER_SUFFIX = "DecoderLayer"
 

@@ -14,7 +14,7 @@ curves together. This module turns those tables into rules over a window of the 
 * ``clipping``: ``completions/clipped_ratio``.
 
 The verdicts' words (titles, advice, plain labels of the evidence keys) are in
-:mod:`trainer.diagnosis_words`.
+:mod:`trainer.reporting.diagnosis_words`.
 
 The spec says "high", "near the top", "climbing"; the numbers that make those words concrete are
 the module constants below. Waits are read as a fraction of the step time, levels as a position in
@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trainer.diagnosis_words import (
+from trainer.config.run_schema import DEFAULTS
+from trainer.reporting.diagnosis_words import (
     BOTH_HOLD,
     BOTTLENECK,
     CONCURRENCY,
@@ -38,7 +39,7 @@ from trainer.diagnosis_words import (
     SATURATION,
     SATURATION_RETIRE_ADVICE,
 )
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     BATCH_SAMPLES_PER_STEP,
     COMPLETIONS_CLIPPED_RATIO,
     COMPLETIONS_DUPLICATE_FRAC,
@@ -58,7 +59,6 @@ from trainer.metrics import (
     SAMPLE_STALENESS_MEAN,
 )
 from trainer.rollout.flow import StalenessPolicy  # stdlib only, like this module
-from trainer.run_schema import DEFAULTS
 
 __all__ = ["DEFAULT_WINDOW_STEPS", "TOPICS", "Diagnosis", "diagnose", "infer_reward_range"]
 

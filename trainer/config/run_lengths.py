@@ -5,7 +5,7 @@ The same rules serve twice: the control plane refuses, when a run is created, wh
 (:mod:`controlplane.runs.launch_checks`), and the worker sizes the run's own server's
 ``--max-model-len`` before it starts it (:mod:`worker.supervisor`). Nothing here downloads or builds:
 a model is read from a local directory (``config.json``, the tokenizer), a dataset through the
-registry's loader (:func:`trainer.registry.load_dataset_by_name`). Tokenizers, configs and measured
+registry's loader (:func:`trainer.plugins.registry.load_dataset_by_name`). Tokenizers, configs and measured
 prompts are cached per path in the process, so a second run on the same model and data costs nothing.
 
 Every length is in tokens.
@@ -192,7 +192,7 @@ def measure_prompts(
     them (:class:`trainer.rollout.rendering.ConversationRenderer`: chat template, generation prompt,
     tool schemas) and return the longest. Raises ``ValueError`` naming the row for a prompt with
     image parts or one the chat template cannot render."""
-    from trainer.chat_template import check_text_only
+    from trainer.tiny.chat_template import check_text_only
 
     longest = 0
     for i, prompt in enumerate(prompts):
@@ -255,7 +255,7 @@ def run_prompt_lengths(
 @functools.lru_cache(maxsize=64)
 def _run_prompt_lengths(key: tuple) -> PromptLengths:
     model_dir, _, dataset, _, config, split, columns, tools, kwargs, sample_rows, field = key
-    from trainer.registry import load_dataset_by_name, resolve_callable
+    from trainer.plugins.registry import load_dataset_by_name, resolve_callable
 
     try:
         tokenizer = tokenizer_for(model_dir)

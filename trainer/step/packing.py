@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from trainer.metrics import (
+from trainer.reporting.metrics import (
     BATCH_DROPPED_OVERSIZE_COUNT,
     BATCH_FORWARDED_TOKENS_PER_STEP,
     BATCH_GROUPS_PER_STEP,

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from trainer.host import main_process_value
-from trainer.metrics import (
+from trainer.processes.host import main_process_value
+from trainer.reporting.metrics import (
     BATCH_DROPPED_OVERSIZE_COUNT,
     PERF_ROLLOUT_WAIT_S,
     ROLLOUT_QUEUE_SIZE,
@@ -35,9 +35,9 @@ from trainer.metrics import (
     SAMPLE_TIME_IN_QUEUE_S,
     MetricWindow,
 )
-from trainer.packing import MicroBatch, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
 from trainer.rollout.flow import StalenessPolicy
 from trainer.rollout.types import GroupResult, TrainingSequence
+from trainer.step.packing import MicroBatch, TokenBudgetBatcher, batch_metrics, pack_row, row_stats
 
 logger = logging.getLogger(__name__)
 

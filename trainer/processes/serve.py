@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     args, extra = parser.parse_known_args(argv)
     model = args.model
     if model == "tiny":
-        from trainer.registry import resolve_model
+        from trainer.plugins.registry import resolve_model
 
         model = resolve_model("tiny")
     cmd = build_serve_command(

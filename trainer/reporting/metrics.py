@@ -479,7 +479,7 @@ def metric(name: str) -> Metric:
     for regex, declared in _PATTERNS:
         if regex.match(name):
             return declared
-    raise UnknownMetricError(f"{name!r} is not in the metric catalogue (trainer/metrics.py)")
+    raise UnknownMetricError(f"{name!r} is not in the metric catalogue (trainer/reporting/metrics.py)")
 
 
 def is_declared(name: str) -> bool:
@@ -508,7 +508,7 @@ def strict() -> bool:
 def _undeclared_rule(name: str) -> str:
     # cached: the warning is logged once per name and process
     logger.warning(
-        "metric %r is not in the catalogue (trainer/metrics.py): reduced by the spec's naming rule (%s)",
+        "metric %r is not in the catalogue (trainer/reporting/metrics.py): reduced by the spec's naming rule (%s)",
         name,
         spec_naming_rule(name),
     )
@@ -653,8 +653,8 @@ def catalogue_markdown() -> str:
     lines = [
         "# Metric reference",
         "",
-        "Generated from the catalogue in `trainer/metrics.py` (`catalogue_markdown()`); a test keeps it",
-        'current. Regenerate: `python -c "from trainer.metrics import catalogue_markdown as m; '
+        "Generated from the catalogue in `trainer/reporting/metrics.py` (`catalogue_markdown()`); a test keeps it",
+        'current. Regenerate: `python -c "from trainer.reporting.metrics import catalogue_markdown as m; '
         "open('docs/metrics.md', 'w').write(m())\"`.",
         "",
         "Reductions over a logging window: `sum` (counts), `max` / `min` (extremes), `mean` (over the",

@@ -1,7 +1,7 @@
 """The range of every numeric AsyncGRPOConfig field: one table, checked in one place.
 
 :func:`range_errors` reports each field outside its range (``{field: message}``); the run document's
-validation (``trainer/run_config.py``, the web and the CLI alike) reports them per field, and
+validation (``trainer/config/run_config.py``, the web and the CLI alike) reports them per field, and
 ``AsyncGRPOConfig.__post_init__`` refuses them for Python callers. The ranges are wide enough for
 any real run and narrow enough that no value overflows a tensor, a sampler or a worker (``max_steps:
 2**62``, ``dataloader_num_workers: 100000`` were accepted before). The README's table is generated

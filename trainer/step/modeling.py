@@ -4,7 +4,7 @@
   model frozen and excluded from weight sync), ``AutoModelForCausalLM`` otherwise;
 * weights in ``args.dtype`` (``model_init_kwargs['dtype']`` wins), attention switched to tree
   attention for packed training;
-* gated DeltaNet layers (Qwen3-Next, Qwen3.5) made tree-aware (:mod:`trainer.linear_attention`);
+* gated DeltaNet layers (Qwen3-Next, Qwen3.5) made tree-aware (:mod:`trainer.step.linear_attention`);
 * refusals: attention-sink models, other non-attention layers (Mamba/SSM), LoRA on lm_head,
   ``router_aux_loss_coef`` on a dense model.
 """
@@ -19,8 +19,8 @@ from contextlib import contextmanager
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.attention import use_tree_attention
-from trainer.linear_attention import install_tree_linear_attention, supports_tree_linear_attention
+from trainer.step.attention import use_tree_attention
+from trainer.step.linear_attention import install_tree_linear_attention, supports_tree_linear_attention
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def check_supported_architecture(model: PreTrainedModel) -> None:
         raise ValueError(config_architecture_refusal(model_type=model_type, layer_types=layer_types))
     if "linear_attention" in layer_types and not supports_tree_linear_attention(model):
         # Run along the packed row, their convolution and recurrent state would read sibling
-        # samples' tokens; only the gated DeltaNet kernels trainer.linear_attention wraps follow paths.
+        # samples' tokens; only the gated DeltaNet kernels trainer.step.linear_attention wraps follow paths.
         raise ValueError(
             f"model_type={model_type!r} has 'linear_attention' layers that are not gated DeltaNet "
             "layers with transformers' causal_conv1d_fn / torch_chunk_gated_delta_rule kernels; tree "
@@ -306,7 +306,7 @@ def empty_row_loss(model: torch.nn.Module, device: torch.device | str) -> torch.
     reduce-scatters in its backward, so a rank that skips the forward leaves the other ranks waiting
     in the collectives. Dense-mask (SDPA) tree backend: no FlexAttention length bucket to compile.
     """
-    from trainer.attention import TreeMask
+    from trainer.step.attention import TreeMask
 
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     tree = TreeMask(ids[0], ids[0] + 1, backend="sdpa", positions=ids[0])

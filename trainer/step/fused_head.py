@@ -244,7 +244,7 @@ def _head_is_last(model: torch.nn.Module, forward_kwargs: dict) -> bool:
 
 def probe_forward_kwargs(device: torch.device, length: int = 8) -> dict:
     """Forward arguments of a short chain (one sample of ``length`` tokens) for the tree backend."""
-    from trainer.attention import TreeMask
+    from trainer.step.attention import TreeMask
 
     idx = torch.arange(length, device=device)
     return {

@@ -55,7 +55,7 @@ class TreeMask:
     ancestor-or-self of q, i.e. ``tin[k] <= tin[q] < tout[k]``.
 
     Attributes:
-        tin, tout: (L,) or (B, L) integer tensors from :class:`trainer.packing.PackedRow`.
+        tin, tout: (L,) or (B, L) integer tensors from :class:`trainer.step.packing.PackedRow`.
         backend: ``"auto"`` (FlexAttention on CUDA, SDPA elsewhere), ``"flex"`` or ``"sdpa"``.
         positions: (L,) or (B, L) position ids (depth along each path); needed by sliding-window layers.
 
@@ -138,7 +138,7 @@ class TreeMask:
 
     def prepare_flex(self, device: torch.device, windows: set[int | None]) -> None:
         """Build the FlexAttention block masks of every window in ``windows`` now, at the row's length
-        bucket, so layers compiled whole only read them (:mod:`trainer.compiled_layers`)."""
+        bucket, so layers compiled whole only read them (:mod:`trainer.step.compiled_layers`)."""
         padded = padded_length(self.tin.shape[-1])
         self.flex_masks = {w: self.block_mask(padded, device, w) for w in windows}
         self.padded_len = padded
@@ -303,7 +303,7 @@ def tree_attention_forward(
     if tree_mask is None:
         raise ValueError(
             "attn_implementation='tree' needs the forward keyword argument tree_mask=TreeMask(tin, tout) "
-            "(see trainer.attention.tree_forward_kwargs)"
+            "(see trainer.step.attention.tree_forward_kwargs)"
         )
     if attention_mask is not None:
         raise ValueError("tree attention takes no attention_mask: visibility comes from tree_mask")
@@ -330,7 +330,7 @@ def use_tree_attention(model: torch.nn.Module) -> None:
 def tree_forward_kwargs(
     row, device: torch.device | str | None = None, backend: str = "auto"
 ) -> dict[str, Any]:
-    """Forward arguments of one packed row (a :class:`trainer.packing.PackedRow`) as a batch of one.
+    """Forward arguments of one packed row (a :class:`trainer.step.packing.PackedRow`) as a batch of one.
 
     Returns ``input_ids`` (1, L), ``position_ids`` (1, L), ``tree_mask`` and ``use_cache=False``.
     """

@@ -3,7 +3,7 @@
 Builds, with no network, a model that transformers loads and vLLM serves:
 
 1. a byte-level BPE tokenizer trained locally (``tokenizers``) on text rendered from the built-in
-   tasks, digits split one per token, with the chat template of ``trainer.chat_template``;
+   tasks, digits split one per token, with the chat template of ``trainer.tiny.chat_template``;
 2. a random-init ``Qwen3ForCausalLM`` small enough for fast CPU serving;
 3. a short, seeded supervised warm start (loss on assistant tokens only) on arithmetic answers in
    ``\\boxed{N}`` form and on tool-call conversations, stopped early on purpose: the model answers
@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer.builtin_tools import ARITHMETIC_TOOLS, tool_for_operator
-from trainer.chat_template import CHAT_TEMPLATE, parse_tool_calls
 from trainer.tasks.arithmetic import (
     LEVELS,
     Problem,
@@ -47,6 +46,7 @@ from trainer.tasks.arithmetic import (
     question_text,
     sample_problem,
 )
+from trainer.tiny.chat_template import CHAT_TEMPLATE, parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +70,11 @@ __all__ = [
 ]
 
 BUILD_REPORT = "tiny_build.json"
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # trainer/
 # The build of these sources (seed 0), shipped with the package; "0" in PREBUILT_ENV ignores it.
 PREBUILT_DIR = _PACKAGE / "tiny_model"
 PREBUILT_ENV = "GRPO_TINY_PREBUILT"
-SOURCE_FILES = ("tiny.py", "chat_template.py", "tasks/arithmetic.py", "builtin_tools.py")
+SOURCE_FILES = ("tiny/build.py", "tiny/chat_template.py", "tasks/arithmetic.py", "builtin_tools.py")
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
@@ -555,7 +555,7 @@ def build_tiny(outdir: str | Path, *, seed: int = 0, force: bool = False) -> dic
 def current_builds(seed: int) -> list[Path]:
     """Directories holding a build of these sources and ``seed``: the shipped one (seed 0, unless
     ``GRPO_TINY_PREBUILT=0``), then the user's cache."""
-    from trainer.registry import cache_root
+    from trainer.plugins.registry import cache_root
 
     found = []
     if seed == 0 and os.environ.get(PREBUILT_ENV, "1") != "0":

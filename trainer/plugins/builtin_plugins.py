@@ -1,6 +1,6 @@
 """The built-in models and datasets as registry entries: zero-argument loaders, declared as entry
 points in this project's ``pyproject.toml`` exactly as a plugin package declares its own
-(:mod:`trainer.registry`). Each docstring's first line is what the form and the API show."""
+(:mod:`trainer.plugins.registry`). Each docstring's first line is what the form and the API show."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ __all__ = ["arithmetic", "arithmetic_levels", "arithmetic_small", "arithmetic_un
 
 def tiny_model() -> str:
     """The embedded random-init Qwen3-architecture model, warm-started on arithmetic (no network)."""
-    from trainer.registry import cache_root
-    from trainer.tiny import ensure_tiny
+    from trainer.plugins.registry import cache_root
+    from trainer.tiny.build import ensure_tiny
 
     return str(ensure_tiny(cache_root() / "tiny"))
 

@@ -10,7 +10,7 @@
         data_parallel_size: 1       # default 1 (vLLM's --data-parallel-size)
         gpu_memory_utilization: 0.9 # default: vLLM's own (0.9 on GPUs; 0.3 of host memory on CPU)
         max_model_len: 8192         # default: the run's lengths rounded up, within the model's limit
-                                    # (1024 for the embedded tiny model): trainer/run_lengths.py
+                                    # (1024 for the embedded tiny model): trainer/config/run_lengths.py
       trainer:
         gpus: 4                     # GPU worker: one process per GPU (default 1)
         processes: 2                # CPU worker: this many processes (default 1)

@@ -187,7 +187,7 @@ def resolve_sources(
 ) -> Sources:
     """Resolve whichever of ``model`` / ``dataset`` is a hub id (not a registered name, not an
     existing local path) to its snapshot; the rest pass through unchanged. Raises :class:`HubError`."""
-    from trainer.registry import is_registered
+    from trainer.plugins.registry import is_registered
 
     def is_remote(value: str | None, kind: str) -> bool:
         return is_hub_id(value) and not is_registered(kind, value) and not Path(value).exists()

@@ -15,13 +15,13 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from trainer import run_schema
+from trainer.config import run_schema
 
 _SPEC = {spec.name: spec for spec in run_schema.SPEC_FIELDS}
 
 
 def _spec_field(name: str) -> Any:
-    """A dataclass field whose default and help are the schema's (trainer/run_schema.py): one table."""
+    """A dataclass field whose default and help are the schema's (trainer/config/run_schema.py): one table."""
     spec = _SPEC[name]
     return field(default=spec.default, metadata={"help": spec.help})
 
@@ -165,7 +165,7 @@ def _bf16_accelerator_available() -> bool:
 
 
 def _validate_ranges(args: AsyncGRPOConfig) -> None:
-    """The schema's checks (trainer/run_schema.py: ranges, choices, the spec's refused combinations)
+    """The schema's checks (trainer/config/run_schema.py: ranges, choices, the spec's refused combinations)
     on the built values; the first refusal is raised as ``field=value: why``."""
     values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(args)}
     refused = run_schema.config_errors(values)
@@ -197,7 +197,7 @@ def config_reference_markdown() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# trainer/training_args_fields.py is generated from the installed transformers by the functions below
+# trainer/config/training_args_fields.py is generated from the installed transformers by the functions below
 # (tests/test_run_schema.py fails when it is stale): the web validates run documents from it without
 # importing transformers.
 GENERATED_FIELDS_PATH = Path(__file__).with_name("training_args_fields.py")
@@ -303,7 +303,7 @@ def training_args_fields() -> dict[str, dict[str, Any]]:
 
 
 def training_args_fields_source() -> str:
-    """The text of trainer/training_args_fields.py (run ``ruff format`` on it after writing)."""
+    """The text of trainer/config/training_args_fields.py (run ``ruff format`` on it after writing)."""
     import pprint
 
     import transformers
@@ -311,9 +311,9 @@ def training_args_fields_source() -> str:
     body = pprint.pformat(training_args_fields(), width=110, sort_dicts=True)
     return (
         '"""GENERATED from transformers.TrainingArguments; do not edit. Regenerate with\n'
-        "``python -c 'from trainer.config import write_training_args_fields as w; w()'`` and\n"
+        "``python -c 'from trainer.config.async_grpo_config import write_training_args_fields as w; w()'`` and\n"
         "``ruff format``; tests/test_run_schema.py fails when this is stale. Pure data: the web reads it\n"
-        'without importing transformers (trainer/run_schema.py)."""\n\n'
+        'without importing transformers (trainer/config/run_schema.py)."""\n\n'
         "from typing import Any\n\n"
         f'TRANSFORMERS_VERSION = "{transformers.__version__}"\n\n'
         f"TRAINING_ARGS_FIELDS: dict[str, dict[str, Any]] = {body}\n"
@@ -321,6 +321,6 @@ def training_args_fields_source() -> str:
 
 
 def write_training_args_fields() -> Path:
-    """Regenerate trainer/training_args_fields.py from the installed transformers."""
+    """Regenerate trainer/config/training_args_fields.py from the installed transformers."""
     GENERATED_FIELDS_PATH.write_text(training_args_fields_source(), encoding="utf-8")
     return GENERATED_FIELDS_PATH

@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 KINDS = ("model", "dataset", "reward_func", "tool", "environment", "rollout_loop")
 ENTRY_POINT_GROUPS = {kind: f"grpo.{kind}s" for kind in KINDS}
@@ -270,7 +270,7 @@ def load_dataset_by_name(
     → a Dataset; ``columns`` renames the dataset's columns to those the run reads. A ``prompt`` of
     plain text becomes one user message (the trainer renders conversations).
 
-    Nothing is fetched from a hub here (hub ids are resolved to a snapshot first: :mod:`trainer.hub`).
+    Nothing is fetched from a hub here (hub ids are resolved to a snapshot first: :mod:`trainer.plugins.hub`).
     ``field`` names the document's field in errors (``train_dataset``, ``eval_dataset``).
     """
     import datasets

@@ -1,7 +1,7 @@
 """GENERATED from transformers.TrainingArguments; do not edit. Regenerate with
-``python -c 'from trainer.config import write_training_args_fields as w; w()'`` and
+``python -c 'from trainer.config.async_grpo_config import write_training_args_fields as w; w()'`` and
 ``ruff format``; tests/test_run_schema.py fails when this is stale. Pure data: the web reads it
-without importing transformers (trainer/run_schema.py)."""
+without importing transformers (trainer/config/run_schema.py)."""
 
 from typing import Any
 

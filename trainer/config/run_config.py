@@ -6,9 +6,9 @@ JSONL or ``datasets`` directory), ``reward_funcs`` (list of dotted import paths)
 ``peft_config`` (LoraConfig keyword arguments), hub options (``model_revision``;
 ``dataset_revision``, ``dataset_config``, ``dataset_split`` (default ``train``) and ``dataset_columns``,
 a map from the dataset's column names to the ones the run reads, e.g. ``{question: prompt}``),
-``resources`` (GPUs, processes, vLLM parallelism or a named server: :mod:`trainer.resources`), ``loop_cls`` (dotted path of an
+``resources`` (GPUs, processes, vLLM parallelism or a named server: :mod:`trainer.config.resources`), ``loop_cls`` (dotted path of an
 :class:`~trainer.rollout.loop.AsyncRolloutLoop` subclass, the spec's ``loop_cls``), and ``args`` (AsyncGRPOConfig fields by their spec
-names, checked by the run schema :mod:`trainer.run_schema`). :func:`run_document_errors` checks a
+names, checked by the run schema :mod:`trainer.config.run_schema`). :func:`run_document_errors` checks a
 document without importing transformers or anything it names (the control plane calls it on untrusted
 input); :func:`validate_run_document` checks it the same way and then builds its AsyncGRPOConfig for
 the trainer CLI.
@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from trainer.resources import parse_resources, resources_errors
-from trainer.run_schema import FIELDS, args_errors
-from trainer.run_schema import short_repr as _short_repr
+from trainer.config.resources import parse_resources, resources_errors
+from trainer.config.run_schema import FIELDS, args_errors
+from trainer.config.run_schema import short_repr as _short_repr
 
 TOP_LEVEL_KEYS = (
     "model",
@@ -86,7 +86,7 @@ class RunSpec:
     eval_dataset_revision: str | None = None
     eval_dataset_config: str | None = None
     eval_dataset_split: str = DEFAULT_EVAL_SPLIT
-    resources: Any = None  # trainer.resources.Resources (used by the control plane's worker)
+    resources: Any = None  # trainer.config.resources.Resources (used by the control plane's worker)
     args: Any = None  # AsyncGRPOConfig
 
 
@@ -101,7 +101,7 @@ def _is_dotted_path(value: Any) -> bool:
 
 def run_document_errors(doc: Any) -> dict[str, str]:
     """Every problem of a run document as ``{field path: message}`` (``{}``: valid), from the run
-    schema alone (:mod:`trainer.run_schema`): imports neither transformers nor anything it names.
+    schema alone (:mod:`trainer.config.run_schema`): imports neither transformers nor anything it names.
     The web (``services.run_create``) and the trainer CLI both check documents with this."""
     if not isinstance(doc, dict):
         return {"document": "must be a mapping with keys " + ", ".join(TOP_LEVEL_KEYS)}
@@ -198,7 +198,7 @@ def _launch_rule_errors(doc: dict, args: dict) -> dict[str, str]:
     """Rules between ``args`` and the rest of the document that the trainer enforces when it starts:
     an environment without a dataset makes prompts forever (so ``max_steps`` must end the run), and
     transformers runs FSDP only over several processes."""
-    from trainer.run_schema import DEFAULTS
+    from trainer.config.run_schema import DEFAULTS
 
     errors: dict[str, str] = {}
     max_steps = args.get("max_steps", DEFAULTS["max_steps"])
@@ -250,7 +250,9 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
     kwargs = dict(raw_args)
     if output_dir is not None:
         kwargs["output_dir"] = output_dir
-    from trainer.config import AsyncGRPOConfig  # transformers: imported only to build the config
+    from trainer.config.async_grpo_config import (
+        AsyncGRPOConfig,  # transformers: imported only to build the config
+    )
 
     try:
         config = AsyncGRPOConfig(**kwargs)
@@ -283,7 +285,7 @@ def validate_run_document(doc: Any, *, output_dir: str | None = None) -> RunSpec
 
 def _hub_option_errors(doc: dict) -> dict[str, str]:
     """Types and shapes of the hub options (whether a hub id is allowed is the control plane's call)."""
-    from trainer.hub import valid_revision
+    from trainer.plugins.hub import valid_revision
 
     errors: dict[str, str] = {}
     for key in ("model_revision", "dataset_revision", "eval_dataset_revision"):
@@ -347,7 +349,7 @@ def _peft_value_errors(peft: dict) -> dict[str, str]:
 def _field_of_error(message: str, raw_args: dict, *, output_dir: str | None = None) -> str:
     """Field path for a config error: the ``args`` key the message names or, when it names none
     (``"nope is not a valid OptimizerNames"``), the one key that fails on its own."""
-    from trainer.config import AsyncGRPOConfig
+    from trainer.config.async_grpo_config import AsyncGRPOConfig
 
     head = message.split(":", 1)[0]
     keys = [k for k in raw_args if isinstance(k, str)]
