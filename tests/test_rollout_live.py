@@ -452,12 +452,23 @@ def test_staleness_allowance_holds_generation_back(rollout_server, tokenizer, tm
         group_tokens = gate.group_estimate()
         ceiling = gate.queued_tokens + 2 * group_tokens
         worker.allowance.value = ceiling
-        # Two groups at least come back; then the loop is held again (nothing in flight, waiting on
-        # the allowance), and whatever it finished meanwhile is drained: counts, not a quiet period.
+        # Two groups at least come back; then the loop is held again (nothing in flight, and the gate
+        # itself refusing a new group under the ceiling), and whatever it finished meanwhile is drained:
+        # counts, not a quiet period. "Nothing in flight while backpressure_since is set" alone is not
+        # held: right after a group finishes, before the admission looks again, it may still start one
+        # (nothing in flight and the ceiling not reached; a CI run caught one in flight after that).
         more = collect(worker, 2)
         admission = worker.loop.admission
+
+        def held() -> bool:
+            return (
+                gate.groups_in_flight == 0
+                and admission.backpressure_since is not None
+                and not gate.can_admit(worker.allowance.value)
+            )
+
         hang_guard = time.monotonic() + HANG_GUARD_S
-        while not (gate.groups_in_flight == 0 and admission.backpressure_since is not None):
+        while not held():
             assert time.monotonic() < hang_guard, "hang guard: the loop was never held again"
             if (result := worker.get(timeout=0.1)) is not None:
                 more.append(result)
