@@ -294,6 +294,18 @@ def test_charts_sync_zoom_smooth_log_time_axes_markers_pins_groups_and_filters(t
             assert wide == [], wide
             assert not errors, errors
 
+            # A pin the server refuses (sent here without the CSRF token: a real 403) is put back, and
+            # the page says why (static/runs/chart_pins.js).
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.evaluate(
+                "() => document.querySelectorAll('[name=csrfmiddlewaretoken]').forEach(e => e.remove())"
+            )
+            page.click(f"{_card('reward')} .chart-pin")  # an unpin
+            page.wait_for_selector("#charts-message:not([hidden])")
+            assert "could not save the pin: CSRF" in page.inner_text("#charts-message")
+            assert _data(page, "reward", "pinned") == "true"
+            assert page.locator(f'section[data-group="pinned"] {_card("reward")}').count() == 1
+
             # Bob's pins are his own: his page shows the same metric unpinned.
             other = browser.new_page(viewport={"width": 1400, "height": 1000})
             _login(other, base, "bob", bobs.pk)

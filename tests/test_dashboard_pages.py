@@ -188,6 +188,7 @@ def test_run_page_carries_what_the_dashboard_script_needs():
         "runs/dom.js",
         "runs/charts.js",
         "runs/chart_kit.js",
+        "runs/chart_pins.js",
         "runs/metric_panel.js",
         "runs/completion_panel.js",
         "runs/dashboard.js",

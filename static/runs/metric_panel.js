@@ -1,7 +1,6 @@
 // The run page's metric charts, as W&B / MLflow users expect them: one uPlot chart per metric,
-// grouped by the catalogue's namespaces behind a "Pinned" group (pins saved per user on the server,
-// GET/PUT {data-preferences}; while a user has saved none, the default pins plus a run's headline
-// eval charts, eval/reward and eval/pass@k, once it logs them); a hover readout and zoom synced across every chart; EMA smoothing
+// grouped by the catalogue's namespaces behind a "Pinned" group (which charts, and their order: the
+// user's pins, static/runs/chart_pins.js); a hover readout and zoom synced across every chart; EMA smoothing
 // (raw faint, smoothed strong); a log scale per chart; x = step, wall time or time since the first
 // step; a dashed line where each resumed attempt starts; collapsible groups; regex/glob filter.
 //
@@ -21,8 +20,6 @@ const GrpoMetricPanel = (() => {
   const FAINT = STRONG + "40"; // the raw series under a smoothed one: same colour, 25% alpha
   const MARKER_COLORS = { attempt: { line: "#7a5af8", text: "#5925dc" }, metric: { line: "#0e9384", text: "#107569" } };
   const X_LABEL = { step: "step", wall: "wall time", relative: "time since first step" };
-  // Pinned by default (not saved) when the run logs them: the headline numbers of evaluation.
-  const EVAL_PINS = /^eval\/(reward|pass@\d+)$/;
   const STORE = { collapsed: "grpo.charts.collapsed", log: "grpo.charts.log", smoothing: "grpo.charts.smoothing", x: "grpo.charts.x" };
 
   const state = {
@@ -40,8 +37,7 @@ const GrpoMetricPanel = (() => {
     xMode: X_LABEL[Kit.stored(STORE.x, "step")] ? Kit.stored(STORE.x, "step") : "step",
     zoom: null, // [min, max] in the current x units, or null
     pendingZoom: null,
-    pinned: null, // metric names (server's); null until loaded
-    defaultPins: false, // the user never saved pins: the server's defaults, and EVAL_PINS shown pinned too
+    pins: GrpoChartPins.create(container.dataset.preferences), // the user's pinned charts (chart_pins.js)
     collapsed: new Set(Kit.stored(STORE.collapsed, [])),
     log: new Set(Kit.stored(STORE.log, [])),
     matcher: Kit.nameMatcher(""),
@@ -109,25 +105,15 @@ const GrpoMetricPanel = (() => {
     return section.querySelector(".charts");
   }
 
-  function isPinned(name) {
-    return (state.pinned || []).includes(name) || (state.defaultPins && EVAL_PINS.test(name));
-  }
-
-  /** A pinned chart's place in the Pinned group: the saved order, then default eval pins by name. */
-  function pinRank(name) {
-    const i = state.pinned.indexOf(name);
-    return i >= 0 ? String(i).padStart(4, "0") : `z${name}`;
-  }
-
   /** Put a card where it belongs: the Pinned group in pin order, else its namespace in name order. */
   function place(s) {
     const name = s.card.dataset.metric;
-    const pinned = state.pinned !== null && isPinned(name);
+    const pinned = state.pins.loaded() && state.pins.isPinned(name);
     const group = groupCharts(s.namespace); // exists even when its charts are all pinned (order kept)
     let charts, rank;
     if (pinned) {
       charts = pinnedCharts();
-      rank = pinRank;
+      rank = state.pins.rank;
     } else {
       charts = group;
       // "reward" and the loss lead their group; the rest keep name order.
@@ -148,51 +134,28 @@ const GrpoMetricPanel = (() => {
     }
   }
 
-  async function loadPins() {
-    try {
-      const resp = await fetch(container.dataset.preferences, { credentials: "same-origin", headers: { Accept: "application/json" } });
-      if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-      const body = await resp.json();
-      state.pinned = body.pinned;
-      state.defaultPins = body.default === true;
-    } catch (err) {
-      console.warn("chart preferences", err);
-      state.pinned = [];
-    }
+  function placeAll() {
     for (const s of state.series.values()) place(s);
     refreshSections();
     scheduleDraw();
   }
 
+  async function loadPins() {
+    await state.pins.load();
+    placeAll();
+  }
+
   async function togglePin(name) {
-    if (state.pinned === null) return;
-    const before = state.pinned;
-    const wasDefault = state.defaultPins;
-    // The first pin a user saves keeps what they see pinned (the default eval pins included).
-    const shown = wasDefault ? [...before, ...[...state.series.keys()].filter((m) => EVAL_PINS.test(m) && !before.includes(m)).sort()] : before;
-    state.defaultPins = false;
-    state.pinned = shown.includes(name) ? shown.filter((m) => m !== name) : [...shown, name];
-    place(state.series.get(name));
-    refreshSections();
-    scheduleDraw();
+    if (!state.pins.loaded()) return;
+    const saved = state.pins.toggle(name, [...state.series.keys()]);
+    placeAll(); // shown at once; put back below if the server refuses it
     const message = document.getElementById("charts-message");
     try {
-      const csrf = document.querySelector("[name=csrfmiddlewaretoken]");
-      const resp = await fetch(container.dataset.preferences, {
-        method: "PUT",
-        credentials: "same-origin",
-        headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrf ? csrf.value : "" },
-        body: JSON.stringify({ pinned: state.pinned }),
-      });
-      const body = await resp.json().catch(() => ({}));
-      if (!resp.ok) throw new Error((body.pinned && body.pinned[0]) || body.detail || `HTTP ${resp.status}`);
+      await saved;
       message.hidden = true;
       container.dataset.pinsSaved = String(Number(container.dataset.pinsSaved || 0) + 1);
     } catch (err) {
-      state.pinned = before; // not saved: the page shows what the server has
-      state.defaultPins = wasDefault;
-      for (const s of state.series.values()) place(s);
-      refreshSections();
+      placeAll();
       message.textContent = `could not save the pin: ${err.message}`;
       message.hidden = false;
     }
