@@ -38,6 +38,7 @@ bench.demo_learning --eval``, docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -49,6 +50,7 @@ from bench.eval_overhead import eval_curve, eval_document, metric_lines, pass_ri
 from trainer.reporting.metrics import REWARD_FUNC_MEAN, always_logged
 from trainer.rollout.vllm_client import ServerSettings, VLLMClient
 from trainer.weight_sync.client import server_info
+from worker.processes import process_argv
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -139,16 +141,14 @@ def trainers_on(base_url: str) -> str:
     """The ``trainer train`` processes alive now whose run document names ``base_url`` (another run
     pushing its weights into the server this one sampled from would flatten its reward)."""
     found = []
-    for entry in os.listdir("/proc"):
-        try:
-            argv = [a.decode() for a in Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")]
-            config = (
-                Path(argv[argv.index("--config") + 1]) if "train" in argv and "--config" in argv else None
-            )
-            if config and base_url in config.read_text():
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        argv = process_argv(entry)
+        if "train" not in argv or "--config" not in argv[:-1]:
+            continue
+        config = Path(argv[argv.index("--config") + 1])
+        with contextlib.suppress(OSError):  # gone, or not readable
+            if base_url in config.read_text():
                 found.append(f"pid {entry}: {config}")
-        except (OSError, ValueError, IndexError):
-            continue  # gone, or not readable
     return f"other trainers on {base_url} now: {found or 'none'}"
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,7 @@ from tests.test_placement_live import (  # noqa: F401  (api: a fixture)
     run_doc,
     wait_first_step,
 )
-from worker.processes import group_members, wait_for
+from worker.processes import group_members, process_argv, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -33,14 +32,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.django_db(transact
 def kill_server(base_url: str) -> None:
     """SIGKILL the process group of the vLLM server listening on ``base_url``'s port (its host lost)."""
     port = base_url.rsplit(":", 1)[1]
-    for entry in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        argv = process_argv(entry)
         # `trainer serve` execs vLLM's API server: `python -m vllm.entrypoints.openai.api_server ... --port N`
-        serves = any(b"vllm" in arg for arg in argv)
-        if serves and b"--port" in argv and argv[argv.index(b"--port") + 1] == port.encode():
+        serves = any("vllm" in arg for arg in argv)
+        if serves and "--port" in argv[:-1] and argv[argv.index("--port") + 1] == port:
             os.killpg(os.getpgid(int(entry)), signal.SIGKILL)
             return
     raise AssertionError(f"no vLLM server process with --port {port} found")

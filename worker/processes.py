@@ -283,6 +283,15 @@ def caught_signals(pid: int) -> int | None:
     return None
 
 
+def process_argv(pid: int | str) -> list[str]:
+    """``/proc/<pid>/cmdline`` as arguments, or [] when the process is gone or not readable."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1] if raw else []
+
+
 def process_name(pid: int) -> str:
     """``/proc/<pid>/comm`` (the executable's short name), or "" when the process is gone."""
     try:

@@ -348,9 +348,13 @@ class AsyncGRPOTrainer(Trainer):
         self.control.should_training_stop = True
         if self.is_world_process_zero() and self._counts_epochs:
             # The dropped groups consumed their prompts too: the epoch is whole, as a step's end counts it.
-            self.state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
+            self.state.epoch = self._epochs_consumed()
         if self.state.global_step > 0 and self.args.save_strategy != SaveStrategy.NO:
             self.control.should_save = True
+
+    def _epochs_consumed(self) -> float:
+        """Epochs of prompts consumed so far (trained or dropped: a dropped group used its prompt)."""
+        return self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
 
     # ------------------------------------------------------------------------------ pipeline start
     def _start_pipeline(self) -> None:
@@ -551,7 +555,7 @@ class AsyncGRPOTrainer(Trainer):
                 self._drain_rollout_metrics()
             self._record_perf(report, now)
             if self._counts_epochs:
-                state.epoch = self._feed.positions.consumed / max(len(self.rollout_dataset), 1)
+                state.epoch = self._epochs_consumed()
                 end = self._feed.end_position
                 if end is not None and self._feed.positions.next_untrained >= end:
                     control.should_training_stop = True
