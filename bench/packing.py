@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -253,14 +254,24 @@ def _head(model, device: torch.device, fused: bool):
 
 
 def tree_step(
-    model, row: PackedRow, device: torch.device, loss_config: LossConfig, backend: str, fused: bool = True
+    model,
+    row: PackedRow,
+    device: torch.device,
+    loss_config: LossConfig,
+    backend: str,
+    fused: bool = True,
+    marks: Callable[[str], None] | None = None,
 ) -> LossOutput:
-    """Forward + backward of one packed row, as ``AsyncGRPOTrainer.compute_loss`` does it; the loss output."""
+    """Forward + backward of one packed row, as ``AsyncGRPOTrainer.compute_loss`` does it; the loss
+    output. ``marks(phase)`` is called after the forward (``forward``, the loss included) and once
+    the head and loss's backward is done (``head_backward``)."""
     row = row.to(device)
     keep, logit_rows = row.logits_to_keep()
     head, weight = _head(model, device, fused)
     with head:
         outputs = model(**tree_forward_kwargs(row, device, backend=backend), logits_to_keep=keep)
+    if marks is not None and outputs.logits.requires_grad:
+        outputs.logits.register_hook(lambda grad: marks("head_backward"))
     with torch.profiler.record_function("bench/head+loss"):  # bench.packing_draws --breakdown
         out = packed_row_loss(
             outputs.logits,
@@ -270,6 +281,8 @@ def tree_step(
             logit_rows=logit_rows,
             lm_head_weight=weight,
         )
+    if marks is not None:
+        marks("forward")
     out.loss.backward()
     return out
 
@@ -387,10 +400,15 @@ def build_model(
     checkpointing: bool = True,
     compile_pointwise: bool = False,
     layer_budget: float | None = None,
+    *,
+    keep_attention: bool = False,
+    profile_estimator: bool = False,
 ) -> Qwen3ForCausalLM:
     """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
     told), in train mode; with ``layer_budget``, each decoder layer compiled whole under that
-    activation memory budget (:mod:`trainer.step.compiled_layers`) instead."""
+    activation memory budget (:mod:`trainer.step.compiled_layers`) instead; ``keep_attention`` keeps
+    the layers' attention outputs, ``profile_estimator`` has the partitioner time its ops to choose
+    what to recompute (it counts FLOPs by default)."""
     torch.manual_seed(0)
     common = dict(
         tie_word_embeddings=True, max_position_embeddings=40960, attention_dropout=0.0, use_cache=False
@@ -410,9 +428,14 @@ def build_model(
             model = Qwen3ForCausalLM(config)
     model = model.to(torch.bfloat16)
     if layer_budget is not None:
+        import torch._functorch.config as functorch_config
+
         torch._dynamo.reset()  # the layers' graphs of an earlier variant were partitioned under its budget
+        functorch_config.activation_memory_budget_runtime_estimator = (
+            "profile" if profile_estimator else "flops"
+        )
         model.set_attn_implementation(TREE_ATTENTION)
-        compile_decoder_layers(model, memory_budget=layer_budget)
+        compile_decoder_layers(model, memory_budget=layer_budget, keep_attention=keep_attention)
     elif checkpointing:
         model.gradient_checkpointing_enable()
     if compile_pointwise and layer_budget is None:

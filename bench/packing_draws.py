@@ -38,6 +38,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -72,10 +74,31 @@ VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
 # ``layer<budget>`` (e.g. ``layer0.3``): each decoder layer compiled whole, no HF checkpointing, the
 # compiler's partitioner recomputing under that activation memory budget (trainer.step.compiled_layers).
 LAYER_PREFIX = "layer"
+# Options after a variant's name, each ``-<option>``: ``-h<MiB>`` the fused head's chunk of logits,
+# ``-ka`` attention outputs kept (whole layers only), ``-prof`` the partitioner's runtime estimate
+# by profiling its ops instead of counting FLOPs (whole layers only).
+OPTION_SEPARATOR = "-"
+
+
+def variant_options(name: str) -> dict[str, Any]:
+    """The options after a variant's name: ``head_chunk_mib`` (None = the trainer's),
+    ``keep_attention`` and ``profile_estimator``."""
+    options: dict[str, Any] = {"head_chunk_mib": None, "keep_attention": False, "profile_estimator": False}
+    for option in name.split(OPTION_SEPARATOR)[1:]:
+        if option.startswith("h") and option[1:].isdigit():
+            options["head_chunk_mib"] = int(option[1:])
+        elif option == "ka":
+            options["keep_attention"] = True
+        elif option == "prof":
+            options["profile_estimator"] = True
+        else:
+            raise SystemExit(f"--variants: {name!r}: option {option!r} is none of h<MiB>, ka, prof")
+    return options
 
 
 def variant_settings(name: str) -> tuple[bool, bool, float | None]:
     """(HF gradient checkpointing, compiled norm/MLP blocks, whole-layer budget or None) of a variant."""
+    name = name.split(OPTION_SEPARATOR)[0]
     if name.startswith(LAYER_PREFIX):
         return False, True, float(name[len(LAYER_PREFIX) :])
     if name not in VARIANTS:
@@ -87,6 +110,20 @@ LAYOUTS = ("tree", "padding_free")
 
 
 # ------------------------------------------------------------------------------------------ data
+@contextmanager
+def head_chunk(mib: int | None) -> Iterator[None]:
+    """The fused head's chunk of logits set to ``mib`` MiB inside (None: left as it is)."""
+    from trainer.step import fused_head
+
+    before = fused_head._CHUNK_BYTES
+    if mib is not None:
+        fused_head._CHUNK_BYTES = mib << 20
+    try:
+        yield
+    finally:
+        fused_head._CHUNK_BYTES = before
+
+
 def draw_samples(
     seed: int, workload, vocab: int, token_budget: int, min_shared_tokens: int = 0
 ) -> list[TrainingSequence]:
@@ -173,6 +210,14 @@ def time_row(
     return float(statistics.median(t["s"] for t in timed)), timed
 
 
+def graph_breaks() -> int:
+    """Graph breaks torch.compile took so far in this process (a compiled layer that breaks runs
+    in pieces, partitioned apart)."""
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["graph_break"].values()))
+
+
 def slow_steps(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The timed steps over :data:`SLOW_STEP` x their row's fastest, with where they were and their
     events (a compile or allocator event names the cause; none: the device or the host stalled)."""
@@ -253,6 +298,31 @@ def breakdown(model, row: PackedRow, optimizer, device, loss_config) -> dict[str
     return totals
 
 
+def memory_phases(model, row: PackedRow, optimizer, device, loss_config) -> dict[str, float]:
+    """GiB of device memory through one tree step: ``static`` (weights, optimizer state) before it,
+    the peak of the forward, ``kept`` (allocated when the backward starts: static + what it keeps),
+    the peak of the head and loss's backward, of the layers' backward, and of the optimizer step."""
+    if device.type != "cuda":
+        return {}
+    marks: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        marks[f"{name}_peak"] = _gib(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)
+
+    _sync(device)
+    marks["static"] = _gib(torch.cuda.memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    tree_step(model, row, device, loss_config, "auto", marks=mark)
+    _sync(device)
+    mark("layers_backward")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    mark("optimizer")
+    return marks
+
+
 # -------------------------------------------------------------------------------------- driver
 def measure_config(model, shape: str, workload_name: str, variant: str, args, device, report) -> dict:
     """All draws of one (shape, workload, variant); the per-draw records and their spread."""
@@ -316,6 +386,7 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
         "tree_vs_padding_free": _spread([r["tree_vs_padding_free"] for r in draws]),
         "min_shared_tokens": share,
         "slow_steps": slow_steps(draws),
+        "graph_breaks": graph_breaks(),
         "peak_memory_gib": _gib(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
     }
     for layout in LAYOUTS:
@@ -333,6 +404,7 @@ def measure_config(model, shape: str, workload_name: str, variant: str, args, de
         rate = report["meta"]["measured_bf16_matmul_flops"]
         parts["matmul_roofline_s"] = flops_matmul / rate if rate else None
         summary["breakdown_tree_step_s"] = parts
+        summary["memory_phases_gib"] = memory_phases(model, row, optimizer, device, loss_config)
     del optimizer
     model.zero_grad(set_to_none=True)
     return {"summary": summary, "draws": draws}
@@ -448,9 +520,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(
                 f"[{time.perf_counter() - started:6.1f}s] {shape} ratio~{workload_name} {variant}", flush=True
             )
-            model = build_model(shape, device, checkpointing, compiled, layer_budget)
+            options = variant_options(variant)
+            model = build_model(
+                shape, device, checkpointing, compiled, layer_budget,
+                keep_attention=options["keep_attention"], profile_estimator=options["profile_estimator"],
+            )  # fmt: skip
             model.set_attn_implementation(TREE_ATTENTION)
-            result = measure_config(model, shape, workload_name, variant, args, device, report)
+            with head_chunk(options["head_chunk_mib"]):
+                result = measure_config(model, shape, workload_name, variant, args, device, report)
+            result["summary"]["options"] = options
             del model
             report["summary"].append(result["summary"])
             report["draws"].append(

@@ -36,8 +36,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Logits (in the head's dtype) materialised at once: about this many bytes per chunk.
-_CHUNK_BYTES = 1 << 30
+# Logits (in the head's dtype) materialised at once: about this many bytes per chunk
+# (GRPO_FUSED_HEAD_CHUNK_MIB, default 1024). The backward holds a chunk's logits and their gradient.
+_CHUNK_BYTES = int(os.environ.get("GRPO_FUSED_HEAD_CHUNK_MIB", "1024")) << 20
 # GRPO_FUSED_LM_HEAD=0 turns the fused path off (the unfused one is the reference).
 _ENV_SWITCH = "GRPO_FUSED_LM_HEAD"
 # Cached on the model: the probe's verdict, and under FSDP2 the verdict of the watched forward.
