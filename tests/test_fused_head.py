@@ -158,3 +158,13 @@ def test_heads_the_fused_path_must_not_take(monkeypatch):
     monkeypatch.delenv("GRPO_FUSED_LM_HEAD")
     assert fused_head_weight(plain, cpu) is plain.lm_head.weight
     assert plain.training  # the probe restores train mode
+
+
+def test_the_chunk_setting_names_itself_when_it_is_not_a_size():
+    """GRPO_FUSED_HEAD_CHUNK_MIB: MiB of logits per chunk, default 1024; a bad value names the
+    variable and its default instead of a bare int() error or a zero-row chunk."""
+    assert fused_head.chunk_bytes_setting({}) == 1 << 30
+    assert fused_head.chunk_bytes_setting({"GRPO_FUSED_HEAD_CHUNK_MIB": "256"}) == 256 << 20
+    for bad in ("0", "-4", "1.5", "big"):
+        with pytest.raises(ValueError, match="GRPO_FUSED_HEAD_CHUNK_MIB=.*default 1024"):
+            fused_head.chunk_bytes_setting({"GRPO_FUSED_HEAD_CHUNK_MIB": bad})

@@ -137,8 +137,12 @@ def _keep_attention_outputs(layer: torch.nn.Module) -> None:
     """Run ``layer``'s forward under a selective checkpoint that keeps only attention outputs."""
     from functools import partial
 
+    import torch._dynamo.config as dynamo_config
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+    # The forward fills the row's mask cache (TreeMask._cache) once: a side effect the backward's
+    # recomputation need not replay, and which would otherwise break the region out of the graph.
+    dynamo_config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     forward = layer.forward
     contexts = partial(create_selective_checkpoint_contexts, _attention_saved_policy)
 

@@ -36,9 +36,25 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Logits (in the head's dtype) materialised at once: about this many bytes per chunk
-# (GRPO_FUSED_HEAD_CHUNK_MIB, default 1024). The backward holds a chunk's logits and their gradient.
-_CHUNK_BYTES = int(os.environ.get("GRPO_FUSED_HEAD_CHUNK_MIB", "1024")) << 20
+_CHUNK_SETTING = "GRPO_FUSED_HEAD_CHUNK_MIB"
+
+
+def chunk_bytes_setting(environ=os.environ) -> int:
+    """Bytes of logits (in the head's dtype) materialised at once, from ``GRPO_FUSED_HEAD_CHUNK_MIB``
+    (MiB, default 1024). The backward holds a chunk's logits and their gradient at once: smaller
+    chunks lower the step's peak memory, at more (smaller) GEMMs."""
+    raw = environ.get(_CHUNK_SETTING, "1024")
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise ValueError(f"{_CHUNK_SETTING}={raw!r}: expected a whole number of MiB >= 1 (default 1024)")
+    return mib << 20
+
+
+# Read once at import, like the other GRPO_* settings of a trainer process.
+_CHUNK_BYTES = chunk_bytes_setting()
 # GRPO_FUSED_LM_HEAD=0 turns the fused path off (the unfused one is the reference).
 _ENV_SWITCH = "GRPO_FUSED_LM_HEAD"
 # Cached on the model: the probe's verdict, and under FSDP2 the verdict of the watched forward.
