@@ -8,7 +8,17 @@ import torch
 from transformers import Qwen3Config
 
 from bench.packing import SHAPES, WORKLOADS, build_model
-from bench.packing_draws import breakdown, draw_samples, padding_free_rows, slow_steps, step_events, time_row
+from bench.packing_draws import (
+    breakdown,
+    draw_samples,
+    head_chunk,
+    padding_free_rows,
+    slow_steps,
+    step_events,
+    time_row,
+    variant_options,
+    variant_settings,
+)
 from trainer.config.async_grpo_config import AsyncGRPOConfig, compile_by_default
 from trainer.reporting.perf import head_params, matmul_params_per_token, training_flops
 from trainer.rollout.types import TrainingSequence
@@ -115,3 +125,22 @@ def test_a_shared_prefix_shorter_than_the_minimum_is_forwarded_per_sample():
 def test_the_minimum_shared_prefix_is_off_on_cpu():
     assert AsyncGRPOConfig(output_dir="unused").tree_min_shared_tokens == 0
     assert AsyncGRPOConfig(output_dir="unused", tree_min_shared_tokens=64).tree_min_shared_tokens == 64
+
+
+def test_a_variants_options_follow_its_name_and_an_unknown_one_is_refused():
+    """Issue 32: ``layer0.02-ka-h256`` is the whole-layer default's budget with attention outputs
+    kept and the fused head's chunk at 256 MiB, measured beside ``layer0.02`` in one call."""
+    from trainer.step import fused_head
+
+    assert variant_settings("layer0.02-ka-h256") == variant_settings("layer0.02") == (False, True, 0.02)
+    assert variant_options("layer0.02-ka-h256") == {
+        "head_chunk_mib": 256, "keep_attention": True, "profile_estimator": False,
+    }  # fmt: skip
+    assert variant_options("fast")["head_chunk_mib"] is None
+    assert variant_options("default-prof")["profile_estimator"]
+    with pytest.raises(SystemExit, match="option 'x' is none of h<MiB>, ka, prof"):
+        variant_options("layer0.02-x")
+    before = fused_head._CHUNK_BYTES
+    with head_chunk(256):
+        assert fused_head._CHUNK_BYTES == 256 << 20
+    assert before == fused_head._CHUNK_BYTES
