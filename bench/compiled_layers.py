@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bench.packing import NUM_TOP_LOGPROBS, SHAPES, WORKLOADS, _gib, _sync, build_model, tree_step
-from bench.packing_draws import draw_samples, variant_settings
+from bench.packing_draws import draw_samples, head_chunk, variant_options, variant_settings
 from trainer.reporting.perf import peak_flops, training_flops
 from trainer.step.attention import TREE_ATTENTION
 from trainer.step.loss import LossConfig
@@ -47,7 +47,11 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 def measure(variant: str, row, args, device, reference) -> dict:
     """Compile time, median step seconds, peak memory and agreement of one variant on ``row``."""
     checkpointing, compiled, budget = variant_settings(variant)
-    model = build_model(args.shape, device, checkpointing, compiled, budget)
+    options = variant_options(variant)
+    model = build_model(
+        args.shape, device, checkpointing, compiled, budget,
+        keep_attention=options["keep_attention"], profile_estimator=options["profile_estimator"],
+    )  # fmt: skip
     model.set_attn_implementation(TREE_ATTENTION)
     loss_config = LossConfig()
     if device.type == "cuda":
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     reference = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for variant in args.variants.split(","):
-        record, reference = measure(variant, row, args, device, reference)
+        with head_chunk(variant_options(variant)["head_chunk_mib"]):
+            record, reference = measure(variant, row, args, device, reference)
         report["results"].append(record)
         print(
             f"{variant:10s} step {record['step_s'] * 1e3:7.1f} ms  {record['trained_tokens_per_s'] / 1e3:6.1f} ktok/s "
