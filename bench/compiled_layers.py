@@ -50,7 +50,7 @@ def measure(variant: str, row, args, device, reference) -> dict:
     options = variant_options(variant)
     model = build_model(
         args.shape, device, checkpointing, compiled, budget,
-        keep_attention=options["keep_attention"], profile_estimator=options["profile_estimator"],
+        profile_estimator=options["profile_estimator"],
     )  # fmt: skip
     model.set_attn_implementation(TREE_ATTENTION)
     loss_config = LossConfig()

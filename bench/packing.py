@@ -401,13 +401,11 @@ def build_model(
     compile_pointwise: bool = False,
     layer_budget: float | None = None,
     *,
-    keep_attention: bool = False,
     profile_estimator: bool = False,
 ) -> Qwen3ForCausalLM:
     """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
     told), in train mode; with ``layer_budget``, each decoder layer compiled whole under that
-    activation memory budget (:mod:`trainer.step.compiled_layers`) instead; ``keep_attention`` keeps
-    the layers' attention outputs, ``profile_estimator`` has the partitioner time its ops to choose
+    activation memory budget (:mod:`trainer.step.compiled_layers`) instead; ``profile_estimator`` has the partitioner time its ops to choose
     what to recompute (it counts FLOPs by default)."""
     torch.manual_seed(0)
     common = dict(
@@ -435,7 +433,7 @@ def build_model(
             "profile" if profile_estimator else "flops"
         )
         model.set_attn_implementation(TREE_ATTENTION)
-        compile_decoder_layers(model, memory_budget=layer_budget, keep_attention=keep_attention)
+        compile_decoder_layers(model, memory_budget=layer_budget)
     elif checkpointing:
         model.gradient_checkpointing_enable()
     if compile_pointwise and layer_budget is None:

@@ -75,24 +75,22 @@ VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
 # compiler's partitioner recomputing under that activation memory budget (trainer.step.compiled_layers).
 LAYER_PREFIX = "layer"
 # Options after a variant's name, each ``-<option>``: ``-h<MiB>`` the fused head's chunk of logits,
-# ``-ka`` attention outputs kept (whole layers only), ``-prof`` the partitioner's runtime estimate
+# ``-prof`` the partitioner's runtime estimate
 # by profiling its ops instead of counting FLOPs (whole layers only).
 OPTION_SEPARATOR = "-"
 
 
 def variant_options(name: str) -> dict[str, Any]:
-    """The options after a variant's name: ``head_chunk_mib`` (None = the trainer's),
-    ``keep_attention`` and ``profile_estimator``."""
-    options: dict[str, Any] = {"head_chunk_mib": None, "keep_attention": False, "profile_estimator": False}
+    """The options after a variant's name: ``head_chunk_mib`` (None = the trainer's) and
+    ``profile_estimator``."""
+    options: dict[str, Any] = {"head_chunk_mib": None, "profile_estimator": False}
     for option in name.split(OPTION_SEPARATOR)[1:]:
         if option.startswith("h") and option[1:].isdigit():
             options["head_chunk_mib"] = int(option[1:])
-        elif option == "ka":
-            options["keep_attention"] = True
         elif option == "prof":
             options["profile_estimator"] = True
         else:
-            raise SystemExit(f"--variants: {name!r}: option {option!r} is none of h<MiB>, ka, prof")
+            raise SystemExit(f"--variants: {name!r}: option {option!r} is none of h<MiB>, prof")
     return options
 
 
@@ -523,7 +521,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             options = variant_options(variant)
             model = build_model(
                 shape, device, checkpointing, compiled, layer_budget,
-                keep_attention=options["keep_attention"], profile_estimator=options["profile_estimator"],
+                profile_estimator=options["profile_estimator"],
             )  # fmt: skip
             model.set_attn_implementation(TREE_ATTENTION)
             with head_chunk(options["head_chunk_mib"]):

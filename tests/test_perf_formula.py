@@ -128,17 +128,15 @@ def test_the_minimum_shared_prefix_is_off_on_cpu():
 
 
 def test_a_variants_options_follow_its_name_and_an_unknown_one_is_refused():
-    """Issue 32: ``layer0.02-ka-h256`` is the whole-layer default's budget with attention outputs
-    kept and the fused head's chunk at 256 MiB, measured beside ``layer0.02`` in one call."""
+    """Issue 32: ``layer0.05-prof-h256`` is whole layers under a 0.05 budget, the partitioner timing
+    its ops, the fused head's chunk at 256 MiB, measured beside ``layer0.02`` in one call."""
     from trainer.step import fused_head
 
-    assert variant_settings("layer0.02-ka-h256") == variant_settings("layer0.02") == (False, True, 0.02)
-    assert variant_options("layer0.02-ka-h256") == {
-        "head_chunk_mib": 256, "keep_attention": True, "profile_estimator": False,
-    }  # fmt: skip
+    assert variant_settings("layer0.05-prof-h256") == variant_settings("layer0.05") == (False, True, 0.05)
+    assert variant_options("layer0.05-prof-h256") == {"head_chunk_mib": 256, "profile_estimator": True}
     assert variant_options("fast")["head_chunk_mib"] is None
-    assert variant_options("default-prof")["profile_estimator"]
-    with pytest.raises(SystemExit, match="option 'x' is none of h<MiB>, ka, prof"):
+    assert not variant_options("default-h64")["profile_estimator"]
+    with pytest.raises(SystemExit, match="option 'x' is none of h<MiB>, prof"):
         variant_options("layer0.02-x")
     before = fused_head._CHUNK_BYTES
     with head_chunk(256):

@@ -85,17 +85,10 @@ def checkpointing_left_to_the_compiler(model: torch.nn.Module) -> int:
     return count
 
 
-def compile_decoder_layers(
-    model: torch.nn.Module, *, memory_budget: float, keep_attention: bool = False
-) -> int:
+def compile_decoder_layers(model: torch.nn.Module, *, memory_budget: float) -> int:
     """Compile each decoder layer of ``model`` whole (dynamic lengths), the norms outside them too;
     the backward keeps at most ``memory_budget`` (0-1] of the activations an unconstrained
     partitioner would keep. Returns the number of layers compiled.
-
-    ``keep_attention``: each layer's attention output (and its log-sum-exp) is kept for the
-    backward whatever the budget, everything else recomputed (a selective-checkpoint policy inside
-    the region): the backward does not run FlexAttention's forward again, for (L, hidden) bf16 per
-    layer of memory.
 
     Call on a model switched to tree attention, without Hugging Face gradient checkpointing (it
     would recompute each compiled layer whole, the cost this replaces).
@@ -113,8 +106,6 @@ def compile_decoder_layers(
     functorch_config.activation_memory_budget = memory_budget
     layers = decoder_layers(model)
     for layer in layers:
-        if keep_attention:
-            _keep_attention_outputs(layer)
         layer.compile(dynamic=True)
     compile_pointwise_modules(model, outside=layers)  # the final norm (and any block outside them)
     windows = attention_windows(model)
@@ -122,34 +113,6 @@ def compile_decoder_layers(
         lambda module, args, kwargs: _build_block_masks(kwargs, windows), with_kwargs=True
     )
     return len(layers)
-
-
-def _attention_saved_policy(ctx, func, *args, **kwargs):
-    """Selective-checkpoint policy: FlexAttention's outputs kept, every other op recomputed."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    if "flex_attention" in str(func):
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _keep_attention_outputs(layer: torch.nn.Module) -> None:
-    """Run ``layer``'s forward under a selective checkpoint that keeps only attention outputs."""
-    from functools import partial
-
-    import torch._dynamo.config as dynamo_config
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
-    # The forward fills the row's mask cache (TreeMask._cache) once: a side effect the backward's
-    # recomputation need not replay, and which would otherwise break the region out of the graph.
-    dynamo_config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
-    forward = layer.forward
-    contexts = partial(create_selective_checkpoint_contexts, _attention_saved_policy)
-
-    def checkpointed(*args, **kwargs):
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-
-    layer.forward = checkpointed
 
 
 def _build_block_masks(kwargs: dict, windows: set[int | None]) -> None:
