@@ -51,6 +51,7 @@ def test_fused_matches_unfused_values_and_gradients(chunk_bytes, monkeypatch):
     unfused, fused = _both(chunk_bytes, monkeypatch)
     if chunk_bytes is not None:
         assert fused_head._chunk_rows(13, 8) == 1  # float64: one row per chunk, 9 chunks
+        assert fused_head._chunk_columns(9, 8) == 1  # the backward: one vocabulary id per chunk, 13
     names = ["logprobs", "top_logprobs", "entropy", "grad hidden", "grad weight"]
     for name, a, b in zip(names, unfused, fused, strict=True):
         torch.testing.assert_close(b.double(), a.double(), rtol=1e-5, atol=1e-6, msg=name)
@@ -168,3 +169,42 @@ def test_the_chunk_setting_names_itself_when_it_is_not_a_size():
     for bad in ("0", "-4", "1.5", "big"):
         with pytest.raises(ValueError, match="GRPO_FUSED_HEAD_CHUNK_MIB=.*default 1024"):
             fused_head.chunk_bytes_setting({"GRPO_FUSED_HEAD_CHUNK_MIB": bad})
+
+
+def test_the_backward_makes_no_weight_sized_tensor_but_the_gradient(monkeypatch):
+    """Issue 32: the head's backward held, beside the weight gradient, an fp32 (V, D) accumulator and a
+    (V, D) partial per chunk (1.7 GiB at Qwen3's vocabulary: the step's peak). Chunked over the
+    vocabulary, each chunk writes its slice of the gradient in place: the only (V, D)-sized tensor the
+    backward makes is the gradient."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n, d, v = 40, 32, 64  # a chunk's logits (40 x 16) and the hidden states are smaller than (V, D)
+    monkeypatch.setattr(fused_head, "_CHUNK_BYTES", n * 16 * 4)  # 16 vocabulary ids per chunk: 4 chunks
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(n, d, generator=gen).requires_grad_(True)
+    weight = torch.randn(v, d, generator=gen).requires_grad_(True)
+    pick_row = torch.arange(n).repeat_interleave(2)
+    pick_id = torch.randint(0, v, (2 * n,), generator=gen)
+    lse, picked, _ = fused_head.fused_head_logits(hidden, weight, pick_row, pick_id, temperature=0.9)
+
+    class WeightSized(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made: dict[int, tuple[str, torch.dtype]] = {}  # by storage: views are not new
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(t, torch.Tensor) and t.numel() >= v * d:
+                    self.made.setdefault(t.untyped_storage().data_ptr(), (str(func), t.dtype))
+            return out
+
+    with WeightSized() as mode:
+        (lse.sum() + (picked * torch.linspace(-1, 1, 2 * n)).sum()).backward()
+    assert len(mode.made) == 1, mode.made  # the gradient (torch.empty), its 4 slices written in place
+    # and the values: as the logits' own autograd gives them
+    h2, w2 = hidden.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+    z = (h2 @ w2.T) / 0.9
+    (torch.logsumexp(z, -1).sum() + (z[pick_row, pick_id] * torch.linspace(-1, 1, 2 * n)).sum()).backward()
+    torch.testing.assert_close(weight.grad, w2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, h2.grad, rtol=1e-4, atol=1e-5)

@@ -8,9 +8,11 @@ position costs about a third of a forwarded token; ``docs/benchmarks.md``).
 
 Here the head runs in row chunks of about ``_CHUNK_BYTES`` of logits. The forward keeps, per row,
 only the tempered log-sum-exp, the entropy and the few logits the loss reads ("picks": the trained
-token, the sampler's top ids, top-k/top-p candidates); the backward recomputes each chunk's logits
-and turns them into the logits' gradient in one fused pass (``torch.compile`` on CUDA), then runs
-the two GEMMs for the hidden-state and weight gradients. No (N, V) tensor outlives its chunk.
+token, the sampler's top ids, top-k/top-p candidates); the backward recomputes the logits in
+vocabulary chunks of about the same size (all rows, a slice of the vocabulary), turns each into the
+logits' gradient in one fused pass (``torch.compile`` on CUDA), then runs the two GEMMs: the weight
+gradient's slice for that chunk, written in place, and the hidden-state gradient, accumulated in
+fp32. No (N, V) tensor outlives its chunk, and no (V, D) tensor besides the gradient itself.
 
 The trainer reaches the hidden states by making the model's output embedding an identity for the
 forward (:func:`lm_head_bypassed`). That is only right when the model does nothing to the logits
@@ -116,47 +118,46 @@ class _FusedHead(torch.autograd.Function):
             sel = pick_order[pick_bounds[i] : pick_bounds[i + 1]]
             picked[sel] = z[pick_row[sel] - start, pick_id[sel]].float() / temperature
         ctx.save_for_backward(h, weight, lse, pick_row, pick_id, pick_order)
-        ctx.pick_bounds, ctx.temperature, ctx.chunk = pick_bounds, temperature, chunk
+        ctx.temperature = temperature
         ctx.hidden_dtype = hidden.dtype
         ctx.mark_non_differentiable(entropy)
         return lse, picked, entropy
 
     @staticmethod
     def backward(ctx, g_lse, g_picked, _g_entropy):
-        h, weight, lse, pick_row, pick_id, pick_order = ctx.saved_tensors
-        temperature, chunk, bounds = ctx.temperature, ctx.chunk, ctx.pick_bounds
+        # Chunked over the vocabulary, not the rows: each chunk's slice of the weight gradient is
+        # one GEMM over all N rows, written in place (no fp32 (V, D) accumulator, no per-chunk
+        # (V, D) partial: 1.7 GiB at V=151936, D=2048); only the small (N, D) hidden-state gradient
+        # is accumulated across chunks, in fp32.
+        h, weight, lse, pick_row, pick_id, _pick_order = ctx.saved_tensors
+        temperature = ctx.temperature
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        n = h.shape[0]
-        grad_h = torch.empty_like(h) if want_h else None
-        # Several chunks accumulate the weight gradient in fp32, as one GEMM would internally.
-        several = n > chunk
-        grad_w = None
-        if want_w and several:
-            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+        n, vocab = h.shape[0], weight.shape[0]
+        columns = _chunk_columns(n, weight.element_size())
+        acc_dtype = torch.promote_types(h.dtype, torch.float32)
+        grad_h = torch.zeros(h.shape, device=h.device, dtype=acc_dtype) if want_h else None
+        grad_w = torch.empty(weight.shape, device=weight.device, dtype=weight.dtype) if want_w else None
         softmax_grad = _kernel("grad", _chunk_grad_eager, h.device)
         g_lse = g_lse if g_lse is not None else torch.zeros_like(lse)
-        for i, start in enumerate(range(0, n, chunk)):
-            h_c = h[start : start + chunk]
-            g_z = softmax_grad(
-                h_c @ weight.T, lse[start : start + chunk], g_lse[start : start + chunk], temperature
-            )
+        for start in range(0, vocab, columns):
+            w_c = weight[start : start + columns]
+            g_z = softmax_grad(h @ w_c.T, lse, g_lse, temperature)
             if g_picked is not None:
-                sel = pick_order[bounds[i] : bounds[i + 1]]
+                sel = ((pick_id >= start) & (pick_id < start + w_c.shape[0])).nonzero().squeeze(1)
                 g_sel = (g_picked[sel] / temperature).to(g_z.dtype)
-                g_z.index_put_((pick_row[sel] - start, pick_id[sel]), g_sel, accumulate=True)
+                g_z.index_put_((pick_row[sel], pick_id[sel] - start), g_sel, accumulate=True)
             if want_h:
-                grad_h[start : start + chunk] = g_z @ weight
+                grad_h += g_z @ w_c
             if want_w:
-                part = g_z.T @ h_c
-                if several:
-                    grad_w += part
-                else:
-                    grad_w = part
-        if grad_w is not None:
-            grad_w = grad_w.to(weight.dtype)
+                torch.mm(g_z.T, h, out=grad_w[start : start + columns])
         if grad_h is not None:
             grad_h = grad_h.to(ctx.hidden_dtype)
         return grad_h, grad_w, None, None, None, None, None, None
+
+
+def _chunk_columns(rows: int, itemsize: int) -> int:
+    """Vocabulary columns per backward chunk: about ``_CHUNK_BYTES`` of (rows, columns) logits."""
+    return max(1, _CHUNK_BYTES // (itemsize * max(rows, 1)))
 
 
 def fused_head_logits(
