@@ -47,10 +47,9 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 def measure(variant: str, row, args, device, reference) -> dict:
     """Compile time, median step seconds, peak memory and agreement of one variant on ``row``."""
     checkpointing, compiled, budget = variant_settings(variant)
-    options = variant_options(variant)
     model = build_model(
         args.shape, device, checkpointing, compiled, budget,
-        profile_estimator=options["profile_estimator"],
+        profile_estimator=variant_options(variant)["profile_estimator"],
     )  # fmt: skip
     model.set_attn_implementation(TREE_ATTENTION)
     loss_config = LossConfig()

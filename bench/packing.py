@@ -405,8 +405,8 @@ def build_model(
 ) -> Qwen3ForCausalLM:
     """Random-init Qwen3 (or Qwen3.5 hybrid) of ``shape`` in bf16 (gradient checkpointing unless
     told), in train mode; with ``layer_budget``, each decoder layer compiled whole under that
-    activation memory budget (:mod:`trainer.step.compiled_layers`) instead; ``profile_estimator`` has the partitioner time its ops to choose
-    what to recompute (it counts FLOPs by default)."""
+    activation memory budget (:mod:`trainer.step.compiled_layers`) instead; ``profile_estimator``
+    has the partitioner time its ops to choose what to recompute (it counts FLOPs by default)."""
     torch.manual_seed(0)
     common = dict(
         tie_word_embeddings=True, max_position_embeddings=40960, attention_dropout=0.0, use_cache=False

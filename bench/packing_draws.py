@@ -75,8 +75,8 @@ VARIANTS = {  # name -> (gradient checkpointing, compiled norm/MLP blocks)
 # compiler's partitioner recomputing under that activation memory budget (trainer.step.compiled_layers).
 LAYER_PREFIX = "layer"
 # Options after a variant's name, each ``-<option>``: ``-h<MiB>`` the fused head's chunk of logits,
-# ``-prof`` the partitioner's runtime estimate
-# by profiling its ops instead of counting FLOPs (whole layers only).
+# ``-prof`` the partitioner's runtime estimate by timing its ops instead of counting FLOPs (whole
+# layers only).
 OPTION_SEPARATOR = "-"
 
 
@@ -298,8 +298,8 @@ def breakdown(model, row: PackedRow, optimizer, device, loss_config) -> dict[str
 
 def memory_phases(model, row: PackedRow, optimizer, device, loss_config) -> dict[str, float]:
     """GiB of device memory through one tree step: ``static`` (weights, optimizer state) before it,
-    the peak of the forward, ``kept`` (allocated when the backward starts: static + what it keeps),
-    the peak of the head and loss's backward, of the layers' backward, and of the optimizer step."""
+    then the peak of each phase: the forward (loss included), the head and loss's backward, the
+    layers' backward and the optimizer step (``<phase>_peak``)."""
     if device.type != "cuda":
         return {}
     marks: dict[str, float] = {}

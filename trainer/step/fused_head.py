@@ -101,7 +101,7 @@ class _FusedHead(torch.autograd.Function):
 
     ``lse`` is the log-sum-exp of ``hidden @ weight.T / T``, ``picked`` the tempered logits at the
     (row, id) picks, ``entropy`` (no gradient) that of the full tempered distribution; all fp32.
-    ``pick_order``/``pick_bounds`` sort the picks by row and cut them per chunk.
+    ``pick_order``/``pick_bounds`` sort the picks by row and cut them per forward (row) chunk.
     """
 
     @staticmethod
@@ -117,7 +117,7 @@ class _FusedHead(torch.autograd.Function):
             lse[start : start + chunk], entropy[start : start + chunk] = stats(z, temperature)
             sel = pick_order[pick_bounds[i] : pick_bounds[i + 1]]
             picked[sel] = z[pick_row[sel] - start, pick_id[sel]].float() / temperature
-        ctx.save_for_backward(h, weight, lse, pick_row, pick_id, pick_order)
+        ctx.save_for_backward(h, weight, lse, pick_row, pick_id)
         ctx.temperature = temperature
         ctx.hidden_dtype = hidden.dtype
         ctx.mark_non_differentiable(entropy)
@@ -129,7 +129,7 @@ class _FusedHead(torch.autograd.Function):
         # one GEMM over all N rows, written in place (no fp32 (V, D) accumulator, no per-chunk
         # (V, D) partial: 1.7 GiB at V=151936, D=2048); only the small (N, D) hidden-state gradient
         # is accumulated across chunks, in fp32.
-        h, weight, lse, pick_row, pick_id, _pick_order = ctx.saved_tensors
+        h, weight, lse, pick_row, pick_id = ctx.saved_tensors
         temperature = ctx.temperature
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n, vocab = h.shape[0], weight.shape[0]
@@ -139,13 +139,16 @@ class _FusedHead(torch.autograd.Function):
         grad_w = torch.empty(weight.shape, device=weight.device, dtype=weight.dtype) if want_w else None
         softmax_grad = _kernel("grad", _chunk_grad_eager, h.device)
         g_lse = g_lse if g_lse is not None else torch.zeros_like(lse)
+        g_pick = g_picked / temperature if g_picked is not None else None
         for start in range(0, vocab, columns):
             w_c = weight[start : start + columns]
             g_z = softmax_grad(h @ w_c.T, lse, g_lse, temperature)
-            if g_picked is not None:
-                sel = ((pick_id >= start) & (pick_id < start + w_c.shape[0])).nonzero().squeeze(1)
-                g_sel = (g_picked[sel] / temperature).to(g_z.dtype)
-                g_z.index_put_((pick_row[sel], pick_id[sel] - start), g_sel, accumulate=True)
+            if g_pick is not None:
+                # Every pick, those outside this chunk adding zero: no host sync to select them.
+                inside = (pick_id >= start) & (pick_id < start + w_c.shape[0])
+                column = (pick_id - start).clamp_(0, w_c.shape[0] - 1)
+                g_sel = torch.where(inside, g_pick, 0.0).to(g_z.dtype)
+                g_z.index_put_((pick_row, column), g_sel, accumulate=True)
             if want_h:
                 grad_h += g_z @ w_c
             if want_w:
